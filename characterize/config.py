@@ -1,0 +1,339 @@
+"""Configuration stage: frozen dataclasses in the field's vocabulary.
+
+T tables of E rows of D elements; a batch has B bags per table; a bag pools L
+lookups (fixed or drawn from a distribution). The defaults reproduce the MICRO 2024
+paper's embedding stage (T=12, E=500000, D=128, L=150, B=2048, fp32, sum). An
+experiment adds datasets, variants, architectures and measurement settings, and is
+read from a small TOML file under profiles/.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+
+from .errors import ConfigError, GpuMemoryError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+DTYPE_BYTES = {"fp32": 4}
+MODES = ("sum", "mean")
+INDEX_BYTES = 8  # int64 indices and offsets, as torch uses by default
+
+
+@dataclass(frozen=True)
+class Pooling:
+    """The pooling factor L: how many lookups a bag sums."""
+
+    kind: str = "fixed"  # fixed | uniform | poisson
+    mean: float = 150.0  # L itself for fixed, the distribution's mean otherwise
+    low: int = 0         # uniform: smallest L (0 gives empty bags)
+    high: int = 0        # uniform: largest L
+
+    @classmethod
+    def parse(cls, spec: "str | int | Pooling") -> "Pooling":
+        """'150' | 'uniform:LO:HI' | 'poisson:MEAN'."""
+        if isinstance(spec, Pooling):
+            return spec
+        text = str(spec).strip().lower()
+        if re.fullmatch(r"\d+", text):
+            return cls("fixed", float(int(text))).validate()
+        m = re.fullmatch(r"uniform:(\d+):(\d+)", text)
+        if m:
+            lo, hi = int(m.group(1)), int(m.group(2))
+            return cls("uniform", (lo + hi) / 2, lo, hi).validate()
+        m = re.fullmatch(r"poisson:(\d+(?:\.\d+)?)", text)
+        if m:
+            return cls("poisson", float(m.group(1))).validate()
+        raise ConfigError(f"bad pooling factor L={spec!r}: use an integer, uniform:LO:HI or poisson:MEAN")
+
+    def validate(self) -> "Pooling":
+        if self.kind == "fixed" and (self.mean < 1 or self.mean != int(self.mean)):
+            raise ConfigError(f"L must be a positive integer, got {self.mean}")
+        if self.kind == "uniform" and not (0 <= self.low <= self.high and self.high >= 1):
+            raise ConfigError(f"uniform L needs 0 <= LO <= HI and HI >= 1, got {self.low}:{self.high}")
+        if self.kind == "poisson" and self.mean <= 0:
+            raise ConfigError(f"poisson L needs a positive mean, got {self.mean}")
+        if self.kind not in ("fixed", "uniform", "poisson"):
+            raise ConfigError(f"unknown pooling kind {self.kind!r}")
+        return self
+
+    def sample(self, rng: np.random.Generator, bags: int) -> np.ndarray:
+        """Bag lengths for `bags` bags (int64)."""
+        if self.kind == "fixed":
+            return np.full(bags, int(self.mean), dtype=np.int64)
+        if self.kind == "uniform":
+            return rng.integers(self.low, self.high + 1, size=bags, dtype=np.int64)
+        return rng.poisson(self.mean, size=bags).astype(np.int64)
+
+    @property
+    def max(self) -> int:
+        """An upper bound used for sizing (poisson: mean + 8 sigma)."""
+        if self.kind == "fixed":
+            return int(self.mean)
+        if self.kind == "uniform":
+            return self.high
+        return int(self.mean + 8 * math.sqrt(self.mean) + 1)
+
+    def __str__(self) -> str:
+        if self.kind == "fixed":
+            return str(int(self.mean))
+        if self.kind == "uniform":
+            return f"uniform:{self.low}:{self.high}"
+        return f"poisson:{self.mean:g}"
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    """The embedding stage being characterized."""
+
+    T: int = 12                 # embedding tables (one kernel launch each per batch)
+    E: int = 500_000            # rows per table
+    D: int = 128                # embedding dimension: elements per row
+    B: int = 2048               # batch size: bags per table per batch
+    L: Pooling = field(default_factory=lambda: Pooling("fixed", 150.0))  # lookups per bag
+    dtype: str = "fp32"         # element type of the tables
+    mode: str = "sum"           # pooling: sum | mean
+    batches: int = 8            # batches in a generated trace (warm-up + measured)
+    seed: int = 0               # seed of generated tables and traces
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.L, Pooling):
+            object.__setattr__(self, "L", Pooling.parse(self.L))
+
+    # ------------------------------------------------------------- derived sizes
+    @property
+    def row_bytes(self) -> int:
+        return self.D * DTYPE_BYTES.get(self.dtype, 4)
+
+    @property
+    def table_bytes(self) -> int:
+        return self.E * self.row_bytes
+
+    @property
+    def lookups_per_batch(self) -> float:
+        """Expected lookups per table per batch (B x mean L)."""
+        return self.B * self.L.mean
+
+    def device_bytes(self) -> int:
+        """GPU memory a run needs: tables, the trace's indices/offsets, outputs and
+        offset2bag/bag-size buffers, plus one reordered table copy for l2w."""
+        lookups = self.B * self.L.max * self.batches
+        per_table = lookups * INDEX_BYTES + (self.B + 1) * INDEX_BYTES * self.batches
+        outputs = self.B * self.row_bytes + self.B * self.L.max * INDEX_BYTES + self.B * INDEX_BYTES
+        return self.T * (self.table_bytes + per_table) + self.table_bytes + outputs
+
+    # ---------------------------------------------------------------- checking
+    def validate(self, gpu: Any = None, variants: Iterable[str] = ()) -> "WorkloadConfig":
+        """Raise ConfigError for impossible values, UnsupportedShape-style ConfigError
+        when a requested variant cannot run D, GpuMemoryError when `gpu` (a GpuSpec)
+        cannot hold the workload."""
+        for name in ("T", "E", "D", "B", "batches"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.dtype not in DTYPE_BYTES:
+            raise ConfigError(f"dtype {self.dtype!r} is not supported yet; use one of {', '.join(DTYPE_BYTES)}")
+        if self.mode not in MODES:
+            raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        self.L.validate()
+        if self.E >= 2**62 or self.E * self.D >= 2**62:
+            raise ConfigError("E x D does not fit 64-bit indexing")
+        if variants:
+            from .kernels import get_variant  # late import: kernels depends on config
+
+            for v in variants:
+                get_variant(v).check_shape(self.D)
+        if gpu is not None:
+            need = self.device_bytes()
+            if need > gpu.memory_bytes:
+                raise GpuMemoryError(
+                    f"the workload needs about {need / 2**30:.1f} GiB of GPU memory (T={self.T} tables of "
+                    f"{self.table_bytes / 2**30:.2f} GiB plus traces) but {gpu.name} has "
+                    f"{gpu.memory_bytes / 2**30:.1f} GiB; lower T, E, batches or B")
+        return self
+
+    # ------------------------------------------------------------ conversions
+    def replace(self, **changes: Any) -> "WorkloadConfig":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["L"] = str(self.L)
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "WorkloadConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ConfigError(f"unknown workload field(s): {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
+        return cls(**data)
+
+    @classmethod
+    def paper(cls) -> "WorkloadConfig":
+        """The MICRO 2024 paper's embedding stage."""
+        return cls()
+
+    @classmethod
+    def tiny(cls) -> "WorkloadConfig":
+        """Odd small sizes for tests: partial warps and chunks, empty bags, a prime E."""
+        return cls(T=2, E=1009, D=68, B=127, L=Pooling("uniform", 10.0, 0, 20), batches=2, seed=7)
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """How `characterize bench` times each point with CUDA events."""
+
+    warmup: int = 3             # untimed batches before measuring
+    min_reps: int = 10          # timed repetitions at least
+    max_reps: int = 200         # and at most
+    ci_target: float = 0.02     # stop when the 95% CI half-width < this fraction of the mean
+    budget_s: float = 10.0      # per point time budget for repetitions
+    modes: tuple[str, ...] = ("steady", "cold")
+
+    def validate(self) -> "BenchConfig":
+        if self.warmup < 0 or self.min_reps < 2 or self.max_reps < self.min_reps:
+            raise ConfigError("bench needs warmup >= 0 and 2 <= min_reps <= max_reps")
+        if not 0 < self.ci_target < 1 or self.budget_s <= 0:
+            raise ConfigError("bench ci_target must be in (0, 1) and budget_s positive")
+        bad = set(self.modes) - {"steady", "cold"}
+        if bad or not self.modes:
+            raise ConfigError(f"bench modes must be steady and/or cold, got {', '.join(self.modes)}")
+        return self
+
+
+@dataclass(frozen=True)
+class ProfileConfig:
+    """How `characterize profile` runs each point under Nsight Compute."""
+
+    metric_set: str = "default"   # a name in characterize.ncu.METRIC_SETS
+    cache_control: str = "none"   # none keeps L2 contents between kernels (needed for L2 pinning)
+    clock_control: str = "base"   # base locks clocks for comparable numbers
+    replay_mode: str = "kernel"
+    tables: int = 2               # profiled launches per point (first tables of the last batch)
+    warmup_batches: int = 2       # unprofiled batches before the profiled launches
+
+    def validate(self) -> "ProfileConfig":
+        if self.cache_control not in ("none", "all"):
+            raise ConfigError("cache_control must be 'none' or 'all'")
+        if self.clock_control not in ("base", "none"):
+            raise ConfigError("clock_control must be 'base' or 'none'")
+        if self.replay_mode not in ("kernel", "application", "range"):
+            raise ConfigError("replay_mode must be kernel, application or range")
+        if self.tables < 1 or self.warmup_batches < 0:
+            raise ConfigError("profile needs tables >= 1 and warmup_batches >= 0")
+        return self
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    """Everything one `characterize run` does: workload x datasets x variants x archs."""
+
+    name: str = "paper"
+    description: str = "The MICRO 2024 paper's matrix"
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    datasets: tuple[str, ...] = ("one-item", "high", "medium", "low", "random")
+    variants: tuple[str, ...] = ("torch", "base", "optmt", "rpf", "l2p", "l2w", "combined", "warp")
+    params: dict[str, dict[str, Any]] = field(default_factory=dict)  # per-variant overrides
+    archs: tuple[str, ...] = ("sm_80", "sm_90")       # static characterization targets
+    maxrregcount: tuple[int, ...] = (32, 40, 42, 48, 64)  # register sweep caps
+    bench: BenchConfig = field(default_factory=BenchConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
+    source: str = ""                                   # the file it was read from
+
+    def validate(self, gpu: Any = None) -> "ExperimentConfig":
+        from .hardware import normalize_arch
+        from .kernels import get_variant
+        from .workloads import parse_dataset
+
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", self.name):
+            raise ConfigError(f"experiment name {self.name!r} may hold only letters, digits, '.', '_' and '-'")
+        if not self.datasets or not self.variants:
+            raise ConfigError("an experiment needs at least one dataset and one variant")
+        for d in self.datasets:
+            parse_dataset(d)
+        for v in self.variants:
+            get_variant(v)
+        for v, p in self.params.items():
+            get_variant(v).resolve_params(p, arch=None)
+        for a in self.archs:
+            normalize_arch(a)
+        if any(c <= 0 for c in self.maxrregcount):
+            raise ConfigError("maxrregcount values must be positive")
+        self.workload.validate(gpu=gpu, variants=self.variants)
+        self.bench.validate()
+        self.profile.validate()
+        return self
+
+    def params_for(self, variant: str) -> dict[str, Any]:
+        return dict(self.params.get(variant, {}))
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["workload"] = self.workload.to_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "") -> "ExperimentConfig":
+        data = dict(data)
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ConfigError(f"{source or 'experiment'}: unknown field(s) {', '.join(sorted(unknown))}")
+        kwargs: dict[str, Any] = {}
+        for key, value in data.items():
+            if key == "workload":
+                value = WorkloadConfig.from_dict(value)
+            elif key == "bench":
+                value = _sub(BenchConfig, value, source)
+            elif key == "profile":
+                value = _sub(ProfileConfig, value, source)
+            elif key in ("datasets", "variants", "archs", "maxrregcount") or key == "modes":
+                value = tuple(value)
+            kwargs[key] = value
+        kwargs["source"] = source
+        return cls(**kwargs)
+
+
+def _sub(cls: type, value: dict[str, Any], source: str) -> Any:
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(value) - known
+    if unknown:
+        raise ConfigError(f"{source}: unknown {cls.__name__} field(s) {', '.join(sorted(unknown))}")
+    value = {k: tuple(v) if isinstance(v, list) else v for k, v in value.items()}
+    return cls(**value)
+
+
+def experiments_dir() -> Path:
+    """profiles/ of the source tree, where experiment files and recorded runs live."""
+    return Path(__file__).resolve().parent.parent / "profiles"
+
+
+def load_experiment(name_or_path: str | None = None) -> ExperimentConfig:
+    """Read an experiment: a TOML path, or a name under profiles/ ('paper', 'quick')."""
+    target = name_or_path or "paper"
+    path = Path(target)
+    if not path.suffix:
+        path = experiments_dir() / f"{target}.toml"
+    if not path.is_file():
+        available = sorted(p.stem for p in experiments_dir().glob("*.toml"))
+        raise ConfigError(f"no experiment {target!r} (looked for {path}); available: {', '.join(available) or 'none'}")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    try:
+        return ExperimentConfig.from_dict(data, source=str(path))
+    except TypeError as e:
+        raise ConfigError(f"{path}: {e}") from None

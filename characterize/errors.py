@@ -1,0 +1,84 @@
+"""Domain exceptions: the library raises these, the CLI turns them into messages.
+
+Every error carries a message meant for a person (what went wrong and what to do),
+so the CLI can print it verbatim and exit with the class's exit code instead of a
+traceback.
+"""
+
+from __future__ import annotations
+
+
+class CharacterizeError(Exception):
+    """Base class of every error the toolkit raises on purpose."""
+
+    exit_code = 2
+
+
+class ConfigError(CharacterizeError, ValueError):
+    """A configuration value is out of range or inconsistent."""
+
+
+class WorkloadError(CharacterizeError, ValueError):
+    """A trace is malformed, truncated or holds out-of-range indices."""
+
+
+class ToolchainNotFound(CharacterizeError):
+    """No usable nvcc (or host compiler) was found."""
+
+    exit_code = 3
+
+
+class BuildError(CharacterizeError):
+    """nvcc or the host compiler failed on a kernel source."""
+
+    exit_code = 3
+
+
+class UnsupportedShape(CharacterizeError, ValueError):
+    """A variant cannot compute this shape correctly and refuses to run it."""
+
+
+class NoCudaDevice(CharacterizeError):
+    """The operation needs a CUDA GPU and none is visible."""
+
+    exit_code = 4
+
+
+class KernelLaunchError(CharacterizeError):
+    """A kernel launch or CUDA runtime call returned an error."""
+
+    exit_code = 5
+
+
+class NcuNotFound(CharacterizeError):
+    """No Nsight Compute command-line profiler could be located."""
+
+    exit_code = 6
+
+
+class NcuPermissionError(CharacterizeError):
+    """Performance counters are restricted to admin users (ERR_NVGPUCTRPERM)."""
+
+    exit_code = 6
+
+
+class NcuError(CharacterizeError):
+    """ncu ran but failed for another reason."""
+
+    exit_code = 6
+
+
+class ReportError(CharacterizeError, ValueError):
+    """A profiler report or CSV export is corrupt, truncated or not a report."""
+
+    exit_code = 7
+
+
+class RunDirError(CharacterizeError):
+    """A run directory is missing, incomplete or inconsistent."""
+
+    exit_code = 8
+
+
+class GpuMemoryError(CharacterizeError):
+    """The configuration does not fit in the target GPU's memory."""

@@ -1,0 +1,45 @@
+import pytest
+
+from characterize.errors import ConfigError, NoCudaDevice
+from characterize.hardware import ARCHS, DEFAULT_GPU, GPUS, devices, gpu_spec, normalize_arch, parse_archs, require_gpu
+from tests.conftest import HAS_GPU
+
+
+@pytest.mark.parametrize("text", ["sm_80", "80", "8.0", "sm80", "compute_80", " SM_80 "])
+def test_normalize_arch(text):
+    assert normalize_arch(text) == "sm_80"
+
+
+def test_unknown_arch():
+    with pytest.raises(ConfigError, match="sm_70"):
+        normalize_arch("sm_70")
+    with pytest.raises(ConfigError):
+        normalize_arch("hopper")
+
+
+def test_gpu_lookup_by_key_alias_arch_and_driver_name():
+    assert gpu_spec("h200").hbm_GBps == 4800
+    assert gpu_spec("sm_90").key == "h100-sxm"
+    assert gpu_spec("NVIDIA A100-PCIE-40GB").key == "a100-40gb"
+    assert gpu_spec("NVIDIA H100 PCIe").arch == "sm_90"
+    with pytest.raises(ConfigError, match="unknown GPU"):
+        gpu_spec("voodoo2")
+
+
+def test_table_is_complete():
+    for arch in ("sm_80", "sm_86", "sm_89", "sm_90"):
+        assert arch in ARCHS and arch in DEFAULT_GPU
+    for spec in GPUS.values():
+        assert spec.arch in ARCHS and spec.l2_bytes > spec.max_persisting_l2_bytes > 0 and spec.hbm_GBps > 0
+        assert spec.sources
+
+
+def test_parse_archs():
+    assert parse_archs("sm_80, 90,sm_80") == ["sm_80", "sm_90"]
+
+
+@pytest.mark.skipif(HAS_GPU, reason="checks the no-GPU path")
+def test_no_gpu_is_reported_clearly():
+    assert devices() == []
+    with pytest.raises(NoCudaDevice, match="characterize build"):
+        require_gpu()
