@@ -1,0 +1,74 @@
+// chz_compat.cuh: one source, two targets.
+//
+// Compiled by nvcc, the kernel family is real CUDA. Compiled by a host C++ compiler
+// with -DCHZ_EMULATE, the same source runs on the CPU through chz_emulate.h (serial
+// blocks, one fiber per thread, PTX prefetches recorded instead of issued), so every
+// variant's logic is checked against torch on machines without a GPU.
+#pragma once
+
+#include <stdint.h>
+#include <string.h>
+
+#if defined(CHZ_EMULATE)
+#include "chz_emulate.h"
+#else
+#include <cuda_runtime.h>
+
+// Kernels that never synchronise threads launch with CHZ_LAUNCH; kernels using
+// shuffles or barriers with CHZ_LAUNCH_COOPERATIVE (identical on the GPU; the
+// emulator runs those with one fiber per thread).
+#define CHZ_LAUNCH(kernel, grid, block, smem, stream, ...) \
+  kernel<<<(grid), (block), (smem), (stream)>>>(__VA_ARGS__)
+#define CHZ_LAUNCH_COOPERATIVE CHZ_LAUNCH
+
+// Device-side assertion, as PyTorch's kernels have (a failed one aborts the launch).
+#include <assert.h>
+#define CHZ_KERNEL_ASSERT(cond) assert(cond)
+
+// Bring the line holding `ptr` into L2 with evict-last priority (PTX ISA 7.4, sm_80+).
+#define CHZ_PREFETCH_L2_EVICT_LAST(ptr) \
+  asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(ptr))
+#endif
+
+#define CHZ_EXPORT extern "C" __attribute__((visibility("default")))
+
+// Error codes returned by the exported entry points besides cudaError_t values.
+enum chz_status : int {
+  CHZ_OK = 0,
+  CHZ_ERR_BAD_ARGUMENT = 10001,   // a null pointer or a negative size
+  CHZ_ERR_UNSUPPORTED = 10002,    // the variant cannot compute this shape
+  CHZ_ERR_EMULATION = 10003,      // the CPU emulator detected a kernel bug
+};
+
+enum chz_mode : int { CHZ_MODE_SUM = 0, CHZ_MODE_MEAN = 1 };
+
+// Everything one embedding-bag forward needs. Bags follow torch's 1-D convention:
+// bag b covers indices [offsets[b], offsets[b+1]) and the last bag ends at
+// num_indices; offsets[0] is treated as 0.
+struct chz_bag_args {
+  const float* weight;      // [num_rows, dim], row-major
+  int64_t num_rows;         // E
+  int64_t dim;              // D
+  const int64_t* indices;   // [num_indices]
+  int64_t num_indices;
+  const int64_t* offsets;   // [num_bags]
+  int64_t num_bags;         // B
+  float* output;            // [num_bags, dim]
+  int64_t* offset2bag;      // [num_indices]: bag of each index (used by backward)
+  int64_t* bag_size;        // [num_bags]: non-padding indices per bag
+  int32_t mode;             // chz_mode
+  int32_t _pad;
+  int64_t padding_idx;      // row excluded from sums and counts; -1 for none
+  int64_t weight_stride0;   // elements between rows (D for a contiguous table)
+  int64_t weight_stride1;   // elements between features (1 for a contiguous table)
+  const float* per_sample_weights;  // [num_indices] scale of each lookup (sum mode), or null
+  int64_t per_sample_weights_stride;
+};
+
+// Launch geometry, chosen by the Python variant registry.
+struct chz_launch {
+  int32_t block_x;
+  int32_t block_y;
+  int32_t grid;               // blocks; 0 lets the launcher size the grid
+  int32_t prefetch_distance;  // rpf: rows kept in flight per thread (1..8)
+};

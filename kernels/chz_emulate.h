@@ -1,0 +1,426 @@
+// chz_emulate.h: run the CUDA kernel family on the CPU to check its logic.
+//
+// Blocks run one after another. Within a block, kernels launched with CHZ_LAUNCH run
+// thread by thread; kernels launched with CHZ_LAUNCH_COOPERATIVE get one fiber per
+// thread (ucontext), and __syncthreads / __syncwarp / shuffles / ballots switch
+// fibers until every participating thread has arrived, as on the GPU. A barrier that
+// can never complete (threads exited, masks disagree) is reported as an error
+// instead of hanging. The CUDA runtime calls the launchers make (L2 persistence
+// limit, stream access-policy window) act on a small emulated device whose state
+// tests can read back, and PTX L2 prefetches are logged instead of issued.
+#pragma once
+
+#include <stdint.h>
+#include <string.h>
+#include <ucontext.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __restrict__ __restrict
+
+// ---------------------------------------------------------------- CUDA types
+struct dim3 {
+  unsigned x, y, z;
+  dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+struct uint3 {
+  unsigned x, y, z;
+};
+struct alignas(16) float4 {
+  float x, y, z, w;
+};
+inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
+
+template <typename T>
+inline T __ldg(const T* p) { return *p; }
+
+typedef struct chz_emu_stream* cudaStream_t;
+
+enum cudaError_t {
+  cudaSuccess = 0,
+  cudaErrorInvalidValue = 1,
+  cudaErrorLaunchFailure = 719,
+};
+
+enum cudaLimit { cudaLimitPersistingL2CacheSize = 0x06 };
+enum cudaDeviceAttr {
+  cudaDevAttrL2CacheSize = 89,
+  cudaDevAttrMaxPersistingL2CacheSize = 108,
+  cudaDevAttrMaxAccessPolicyWindowSize = 109,
+};
+enum cudaAccessProperty {
+  cudaAccessPropertyNormal = 0,
+  cudaAccessPropertyStreaming = 1,
+  cudaAccessPropertyPersisting = 2,
+};
+struct cudaAccessPolicyWindow {
+  void* base_ptr;
+  size_t num_bytes;
+  float hitRatio;
+  cudaAccessProperty hitProp;
+  cudaAccessProperty missProp;
+};
+union cudaStreamAttrValue {
+  cudaAccessPolicyWindow accessPolicyWindow;
+  char pad[64];
+};
+enum cudaStreamAttrID { cudaStreamAttributeAccessPolicyWindow = 1 };
+
+namespace chz_emu {
+
+// ------------------------------------------------------- emulated device state
+struct DeviceState {
+  size_t l2_bytes = 40u << 20;
+  size_t max_persisting_bytes = 30u << 20;
+  size_t max_window_bytes = 128u << 20;
+  size_t persisting_limit = 0;
+  int persisting_resets = 0;
+  cudaAccessPolicyWindow window{};  // of the (single) emulated stream
+  std::vector<uint64_t> prefetches; // addresses given to prefetch.global.L2::evict_last
+};
+inline DeviceState device;
+inline cudaError_t last_error = cudaSuccess;
+
+// ---------------------------------------------------------------- thread model
+inline uint3 thread_idx{0, 0, 0};
+inline uint3 block_idx{0, 0, 0};
+inline dim3 block_dim;
+inline dim3 grid_dim;
+
+struct EmulationError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+inline std::string error_text;
+
+struct WarpSync {
+  uint32_t arrived = 0;
+  uint32_t released = 0;
+  uint64_t slots[32] = {};
+};
+
+struct Scheduler {
+  bool cooperative = false;
+  int nthreads = 0;
+  int current = 0;
+  long stalled_yields = 0;
+  ucontext_t main_ctx;
+  std::vector<ucontext_t> ctx;
+  std::vector<char> done;
+  std::vector<char> stacks;
+  std::vector<WarpSync> warps;
+  int block_arrived = 0;
+  long block_generation = 0;
+  std::function<void()> body;
+  static constexpr size_t kStack = 64 * 1024;
+};
+inline Scheduler sched;
+
+inline int linear_tid() {
+  return (int)(thread_idx.x + block_dim.x * (thread_idx.y + block_dim.y * thread_idx.z));
+}
+
+inline void set_thread(int t) {
+  thread_idx.x = t % block_dim.x;
+  thread_idx.y = (t / block_dim.x) % block_dim.y;
+  thread_idx.z = t / (block_dim.x * block_dim.y);
+}
+
+inline void require_cooperative(const char* what) {
+  if (!sched.cooperative)
+    throw EmulationError(std::string(what) +
+                         " used by a kernel launched with CHZ_LAUNCH; "
+                         "launch it with CHZ_LAUNCH_COOPERATIVE");
+}
+
+// Give the CPU to the next fiber; detect barriers that can never complete.
+inline void yield_waiting() {
+  if (++sched.stalled_yields > 4L * sched.nthreads + 64)
+    throw EmulationError("deadlock: a barrier or shuffle waits for threads that never arrive");
+  swapcontext(&sched.ctx[sched.current], &sched.main_ctx);
+  set_thread(sched.current);
+}
+
+inline void progress() { sched.stalled_yields = 0; }
+
+inline void warp_barrier(uint32_t mask) {
+  require_cooperative("a warp-synchronous intrinsic");
+  const int tid = linear_tid();
+  const int lane = tid & 31;
+  WarpSync& w = sched.warps[tid >> 5];
+  if (!(mask & (1u << lane))) throw EmulationError("a lane called a warp intrinsic outside its own mask");
+  w.arrived |= 1u << lane;
+  if ((w.arrived & mask) == mask) {
+    w.arrived &= ~mask;
+    w.released |= mask & ~(1u << lane);
+    progress();
+    return;
+  }
+  while (!(w.released & (1u << lane))) yield_waiting();
+  w.released &= ~(1u << lane);
+  progress();
+}
+
+// Publish this lane's 8-byte value to the lanes in `mask`; returns the warp's slots,
+// valid until the lane's next exchange.
+inline const uint64_t* exchange(uint32_t mask, uint64_t raw) {
+  const int tid = linear_tid();
+  WarpSync& w = sched.warps[tid >> 5];
+  warp_barrier(mask);  // every lane has finished reading the previous exchange
+  w.slots[tid & 31] = raw;
+  warp_barrier(mask);  // every lane has written
+  return w.slots;
+}
+
+enum ShuffleMode { kIndex = 0, kDown = 1, kXor = 2 };
+
+template <typename T>
+inline T shfl(uint32_t mask, T value, int arg, int width, ShuffleMode mode) {
+  static_assert(sizeof(T) <= 8, "emulated shuffles move at most 8 bytes");
+  if (width <= 0 || width > 32 || (width & (width - 1))) throw EmulationError("shuffle width must be a power of two <= 32");
+  uint64_t raw = 0;
+  memcpy(&raw, &value, sizeof(T));
+  const uint64_t* slots = exchange(mask, raw);
+  const int lane = linear_tid() & 31;
+  const int base = lane & ~(width - 1);
+  const int pos = lane - base;
+  int src = lane;
+  if (mode == kIndex) src = base + (arg & (width - 1));
+  else if (mode == kDown) src = pos + arg < width ? lane + arg : lane;
+  else src = base + ((pos ^ arg) & (width - 1));
+  if (!(mask & (1u << src))) src = lane;  // reading a lane outside the mask is undefined on the GPU
+  T out;
+  memcpy(&out, &slots[src], sizeof(T));
+  return out;
+}
+
+inline void fiber_entry() {
+  sched.body();
+  sched.done[sched.current] = 1;
+  progress();
+  // returning switches to uc_link (the scheduler)
+}
+
+// Run one block: directly, or as fibers when the kernel synchronises.
+inline void run_block() {
+  const int n = sched.nthreads;
+  if (!sched.cooperative) {
+    for (int t = 0; t < n && error_text.empty(); ++t) {
+      set_thread(t);
+      sched.body();
+    }
+    return;
+  }
+  sched.ctx.assign(n, ucontext_t{});
+  sched.done.assign(n, 0);
+  sched.warps.assign((n + 31) / 32, WarpSync{});
+  sched.block_arrived = 0;
+  if (sched.stacks.size() < (size_t)n * Scheduler::kStack) sched.stacks.resize((size_t)n * Scheduler::kStack);
+  for (int t = 0; t < n; ++t) {
+    getcontext(&sched.ctx[t]);
+    sched.ctx[t].uc_stack.ss_sp = sched.stacks.data() + (size_t)t * Scheduler::kStack;
+    sched.ctx[t].uc_stack.ss_size = Scheduler::kStack;
+    sched.ctx[t].uc_link = &sched.main_ctx;
+    makecontext(&sched.ctx[t], fiber_entry, 0);
+  }
+  sched.stalled_yields = 0;
+  int remaining = n;
+  while (remaining > 0) {
+    for (int t = 0; t < n; ++t) {
+      if (sched.done[t]) continue;
+      sched.current = t;
+      set_thread(t);
+      swapcontext(&sched.main_ctx, &sched.ctx[t]);
+      if (!error_text.empty()) return;
+      if (sched.done[t]) --remaining;
+    }
+  }
+}
+
+template <typename Kernel, typename... Args>
+inline cudaError_t launch(bool cooperative, Kernel kernel, dim3 grid, dim3 block, Args... args) {
+  if (grid.x == 0 || block.x * block.y * block.z == 0 || block.x * block.y * block.z > 1024) {
+    last_error = cudaErrorInvalidValue;
+    return last_error;
+  }
+  error_text.clear();
+  grid_dim = grid;
+  block_dim = block;
+  sched.cooperative = cooperative;
+  sched.nthreads = (int)(block.x * block.y * block.z);
+  sched.body = [&]() {
+    try {
+      kernel(args...);
+    } catch (const std::exception& e) {
+      if (error_text.empty()) error_text = e.what();
+      if (sched.cooperative) sched.done[sched.current] = 1;
+    }
+  };
+  for (unsigned bz = 0; bz < grid.z && error_text.empty(); ++bz)
+    for (unsigned by = 0; by < grid.y && error_text.empty(); ++by)
+      for (unsigned bx = 0; bx < grid.x && error_text.empty(); ++bx) {
+        block_idx = uint3{bx, by, bz};
+        run_block();
+      }
+  sched.body = nullptr;
+  if (!error_text.empty()) last_error = cudaErrorLaunchFailure;
+  return last_error;
+}
+
+}  // namespace chz_emu
+
+#define threadIdx chz_emu::thread_idx
+#define blockIdx chz_emu::block_idx
+#define blockDim chz_emu::block_dim
+#define gridDim chz_emu::grid_dim
+
+#define CHZ_LAUNCH(kernel, grid, block, smem, stream, ...) \
+  chz_emu::launch(false, kernel, dim3(grid), dim3(block), __VA_ARGS__)
+#define CHZ_LAUNCH_COOPERATIVE(kernel, grid, block, smem, stream, ...) \
+  chz_emu::launch(true, kernel, dim3(grid), dim3(block), __VA_ARGS__)
+#define CHZ_KERNEL_ASSERT(cond) \
+  ((cond) ? (void)0 : throw chz_emu::EmulationError("device assertion failed: " #cond))
+#define CHZ_PREFETCH_L2_EVICT_LAST(ptr) chz_emu::device.prefetches.push_back((uint64_t)(uintptr_t)(ptr))
+
+// ------------------------------------------------------- warp/block intrinsics
+inline void __syncthreads() {
+  chz_emu::require_cooperative("__syncthreads");
+  auto& s = chz_emu::sched;
+  const long generation = s.block_generation;
+  if (++s.block_arrived == s.nthreads) {
+    s.block_arrived = 0;
+    ++s.block_generation;
+    chz_emu::progress();
+    return;
+  }
+  while (s.block_generation == generation) chz_emu::yield_waiting();
+  chz_emu::progress();
+}
+inline void __syncwarp(unsigned mask = 0xffffffffu) { chz_emu::warp_barrier(mask); }
+template <typename T>
+inline T __shfl_sync(unsigned mask, T v, int src, int width = 32) { return chz_emu::shfl(mask, v, src, width, chz_emu::kIndex); }
+template <typename T>
+inline T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32) {
+  return chz_emu::shfl(mask, v, (int)delta, width, chz_emu::kDown);
+}
+template <typename T>
+inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
+  return chz_emu::shfl(mask, v, lane_mask, width, chz_emu::kXor);
+}
+inline unsigned __ballot_sync(unsigned mask, int predicate) {
+  const uint64_t* slots = chz_emu::exchange(mask, predicate ? 1u : 0u);
+  unsigned bits = 0;
+  for (int i = 0; i < 32; ++i)
+    if ((mask & (1u << i)) && slots[i]) bits |= 1u << i;
+  return bits;
+}
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+
+// ------------------------------------------------------------- CUDA runtime
+inline cudaError_t cudaGetLastError() {
+  cudaError_t e = chz_emu::last_error;
+  chz_emu::last_error = cudaSuccess;
+  return e;
+}
+inline const char* cudaGetErrorString(cudaError_t e) {
+  if (e == cudaSuccess) return "no error";
+  if (e == cudaErrorInvalidValue) return "invalid argument";
+  return chz_emu::error_text.empty() ? "unspecified launch failure" : chz_emu::error_text.c_str();
+}
+inline cudaError_t cudaGetDevice(int* d) {
+  *d = 0;
+  return cudaSuccess;
+}
+inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {
+  switch (attr) {
+    case cudaDevAttrL2CacheSize: *value = (int)chz_emu::device.l2_bytes; return cudaSuccess;
+    case cudaDevAttrMaxPersistingL2CacheSize: *value = (int)chz_emu::device.max_persisting_bytes; return cudaSuccess;
+    case cudaDevAttrMaxAccessPolicyWindowSize: *value = (int)chz_emu::device.max_window_bytes; return cudaSuccess;
+  }
+  return cudaErrorInvalidValue;
+}
+inline cudaError_t cudaDeviceGetLimit(size_t* value, cudaLimit limit) {
+  if (limit != cudaLimitPersistingL2CacheSize) return cudaErrorInvalidValue;
+  *value = chz_emu::device.persisting_limit;
+  return cudaSuccess;
+}
+inline cudaError_t cudaDeviceSetLimit(cudaLimit limit, size_t value) {
+  if (limit != cudaLimitPersistingL2CacheSize) return cudaErrorInvalidValue;
+  chz_emu::device.persisting_limit = std::min(value, chz_emu::device.max_persisting_bytes);
+  return cudaSuccess;
+}
+inline cudaError_t cudaStreamGetAttribute(cudaStream_t, cudaStreamAttrID attr, cudaStreamAttrValue* out) {
+  if (attr != cudaStreamAttributeAccessPolicyWindow) return cudaErrorInvalidValue;
+  out->accessPolicyWindow = chz_emu::device.window;
+  return cudaSuccess;
+}
+inline cudaError_t cudaStreamSetAttribute(cudaStream_t, cudaStreamAttrID attr, const cudaStreamAttrValue* in) {
+  if (attr != cudaStreamAttributeAccessPolicyWindow) return cudaErrorInvalidValue;
+  const cudaAccessPolicyWindow& w = in->accessPolicyWindow;
+  if (w.num_bytes > chz_emu::device.max_window_bytes || w.hitRatio < 0.f || w.hitRatio > 1.f)
+    return cudaErrorInvalidValue;
+  chz_emu::device.window = w;
+  return cudaSuccess;
+}
+inline cudaError_t cudaCtxResetPersistingL2Cache() {
+  ++chz_emu::device.persisting_resets;
+  return cudaSuccess;
+}
+
+// ------------------------------------------- introspection for the test suite
+struct chz_emu_state {
+  uint64_t l2_bytes;
+  uint64_t max_persisting_bytes;
+  uint64_t max_window_bytes;
+  uint64_t persisting_limit;
+  int64_t persisting_resets;
+  uint64_t window_base;
+  uint64_t window_bytes;
+  float window_hit_ratio;
+  int32_t window_hit_prop;
+  int32_t window_miss_prop;
+  int32_t _pad;
+  int64_t prefetch_count;
+};
+
+extern "C" __attribute__((visibility("default"))) void chz_emu_get_state(chz_emu_state* s) {
+  const auto& d = chz_emu::device;
+  s->l2_bytes = d.l2_bytes;
+  s->max_persisting_bytes = d.max_persisting_bytes;
+  s->max_window_bytes = d.max_window_bytes;
+  s->persisting_limit = d.persisting_limit;
+  s->persisting_resets = d.persisting_resets;
+  s->window_base = (uint64_t)(uintptr_t)d.window.base_ptr;
+  s->window_bytes = d.window.num_bytes;
+  s->window_hit_ratio = d.window.hitRatio;
+  s->window_hit_prop = d.window.hitProp;
+  s->window_miss_prop = d.window.missProp;
+  s->prefetch_count = (int64_t)d.prefetches.size();
+}
+
+// Configure the emulated device (sizes in bytes) and clear its logs.
+extern "C" __attribute__((visibility("default"))) void chz_emu_configure(uint64_t l2_bytes, uint64_t max_persisting,
+                                                                        uint64_t max_window) {
+  chz_emu::device = chz_emu::DeviceState{};
+  chz_emu::device.l2_bytes = l2_bytes;
+  chz_emu::device.max_persisting_bytes = max_persisting;
+  chz_emu::device.max_window_bytes = max_window;
+}
+
+// Copy up to `capacity` logged prefetch addresses into `out`; returns how many exist.
+extern "C" __attribute__((visibility("default"))) int64_t chz_emu_prefetch_log(uint64_t* out, int64_t capacity) {
+  const auto& p = chz_emu::device.prefetches;
+  const int64_t n = std::min<int64_t>(capacity, (int64_t)p.size());
+  if (out && n > 0) memcpy(out, p.data(), (size_t)n * sizeof(uint64_t));
+  return (int64_t)p.size();
+}

@@ -1,0 +1,431 @@
+// embedding_bag.cu: the embedding-bag (sum/mean pooling) kernel family.
+//
+// Variants: base (PyTorch-style thread per bag x feature) | optmt (base, register cap)
+//   | rpf (register prefetch, distance P) | l2p (hot rows pinned in L2 by a prefetch
+//   pre-pass) | l2w (access-policy window over frequency-sorted rows) | combined
+//   (rpf + l2p, capped) | warp (sub-warp per bag, 16-byte loads, U rows in flight)
+//   | wrong (base with an off-by-one; exists only to prove the checker fails).
+//
+// Order: kernels (base, rpf, warp, L2 pre-pass), then launchers, then the C entry
+// points Python loads with ctypes. optmt/combined are compile-flag variants (the
+// register cap applies to the whole library build), so they reuse these kernels.
+//
+// Napkin math for the paper's shape (D=128 fp32, L=150, B=2048): each lookup gathers
+// one 512-byte row (16 sectors of 32 B); a table costs B*L*512 B = 157 MB of row
+// traffic against 2.4 MB of indices and 1 MB of output, so the kernels are bound by
+// how many row loads are in flight, not by arithmetic.
+#include "chz_compat.cuh"
+
+// ------------------------------------------------------------------- helpers
+__device__ __forceinline__ int64_t chz_bag_begin(const chz_bag_args& a, int64_t bag) {
+  return bag == 0 ? 0 : a.offsets[bag];  // the first bag always starts at 0, as in torch
+}
+__device__ __forceinline__ int64_t chz_bag_end(const chz_bag_args& a, int64_t bag) {
+  return bag + 1 < a.num_bags ? a.offsets[bag + 1] : a.num_indices;
+}
+
+// ---------------------------------------------------------------- base / wrong
+// One thread per (bag, feature element); a 32x8 block covers 8 (bag, 32-feature
+// chunk) pairs; the grid strides over all pairs. Each iteration issues one scalar
+// 4-byte load whose address depends on the index load before it, so a warp has one
+// row-chunk (128 B) in flight: latency bound. kOffByOne drops each bag's last index
+// (the deliberately wrong variant).
+template <bool kOffByOne>
+__global__ void chz_base_kernel(const chz_bag_args a) {
+  const int64_t chunks_per_bag = (a.dim + blockDim.x - 1) / blockDim.x;
+  const int64_t num_chunks = a.num_bags * chunks_per_bag;
+  const int64_t stride = (int64_t)gridDim.x * blockDim.y;
+  for (int64_t chunk = (int64_t)blockIdx.x * blockDim.y + threadIdx.y; chunk < num_chunks; chunk += stride) {
+    const int64_t feature = (chunk % chunks_per_bag) * blockDim.x + threadIdx.x;
+    if (feature >= a.dim) continue;
+    const int64_t bag = chunk / chunks_per_bag;
+    const int64_t begin = chz_bag_begin(a, bag);
+    const int64_t end = chz_bag_end(a, bag) - (kOffByOne ? 1 : 0);
+    CHZ_KERNEL_ASSERT(end >= begin || kOffByOne);  // offsets must be non-decreasing
+    float sum = 0.f;
+    int64_t count = 0;
+    const float* column = a.weight + feature * a.weight_stride1;
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t row = a.indices[i];
+      CHZ_KERNEL_ASSERT(row < a.num_rows);  // device-side bounds check, as torch's kernel has
+      const bool pad = row == a.padding_idx;
+      float value = pad ? 0.f : column[row * a.weight_stride0];
+      if (a.per_sample_weights) value *= a.per_sample_weights[i * a.per_sample_weights_stride];
+      sum += value;
+      count += pad ? 0 : 1;
+      if (feature == 0) a.offset2bag[i] = bag;
+    }
+    if (a.mode == CHZ_MODE_MEAN && count > 0) sum /= (float)count;
+    a.bag_size[bag] = count;
+    a.output[bag * a.dim + feature] = sum;
+  }
+}
+
+// ------------------------------------------------------------------------ rpf
+// base with register prefetching: each thread keeps the next P rows' values (and
+// their row ids, for padding) in registers, issuing the load for index i+P before
+// consuming index i, so P independent loads are in flight per thread.
+template <int P>
+__global__ void chz_rpf_kernel(const chz_bag_args a) {
+  const int64_t chunks_per_bag = (a.dim + blockDim.x - 1) / blockDim.x;
+  const int64_t num_chunks = a.num_bags * chunks_per_bag;
+  const int64_t stride = (int64_t)gridDim.x * blockDim.y;
+  for (int64_t chunk = (int64_t)blockIdx.x * blockDim.y + threadIdx.y; chunk < num_chunks; chunk += stride) {
+    const int64_t feature = (chunk % chunks_per_bag) * blockDim.x + threadIdx.x;
+    if (feature >= a.dim) continue;
+    const int64_t bag = chunk / chunks_per_bag;
+    const int64_t begin = chz_bag_begin(a, bag);
+    const int64_t end = chz_bag_end(a, bag);
+    const float* column = a.weight + feature * a.weight_stride1;
+    float value[P];
+    int64_t row[P];
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      row[p] = begin + p < end ? a.indices[begin + p] : a.padding_idx;
+      CHZ_KERNEL_ASSERT(row[p] < a.num_rows);
+      value[p] = begin + p < end ? column[row[p] * a.weight_stride0] : 0.f;
+    }
+    float sum = 0.f;
+    int64_t count = 0;
+    for (int64_t i = begin; i < end; i += P) {
+#pragma unroll
+      for (int p = 0; p < P; ++p) {
+        const int64_t cur = i + p;
+        if (cur < end) {
+          const float v = value[p];
+          const bool pad = row[p] == a.padding_idx;
+          const int64_t next = cur + P;
+          if (next < end) {  // refill the slot before using the value just taken from it
+            row[p] = a.indices[next];
+            CHZ_KERNEL_ASSERT(row[p] < a.num_rows);
+            value[p] = column[row[p] * a.weight_stride0];
+          }
+          sum += pad ? 0.f : v;
+          count += pad ? 0 : 1;
+          if (feature == 0) a.offset2bag[cur] = bag;
+        }
+      }
+    }
+    if (a.mode == CHZ_MODE_MEAN && count > 0) sum /= (float)count;
+    a.bag_size[bag] = count;
+    a.output[bag * a.dim + feature] = sum;
+  }
+}
+
+// ----------------------------------------------------------------------- warp
+// A group of G lanes (G = next power of two >= D/4, at most 32) owns one bag; lane l
+// owns float4 columns l, l+G, ... (V of them). The group loads G indices at once
+// (coalesced; offset2bag written alongside), then broadcasts them with shuffles and
+// issues U independent 16-byte row loads per lane before accumulating, so a warp has
+// U full rows in flight instead of base's one 128-byte chunk. Needs D % 4 == 0 and a
+// 16-byte aligned table.
+template <int V, int U>
+__global__ void __launch_bounds__(256) chz_warp_kernel(const chz_bag_args a, int group) {
+  const int lane = threadIdx.x & 31;
+  const int g_lane = lane & (group - 1);
+  const int g_in_warp = lane / group;
+  const unsigned gmask = group == 32 ? 0xffffffffu : (((1u << group) - 1u) << (g_in_warp * group));
+  const int groups_per_warp = 32 / group;
+  const int64_t groups_per_block = (int64_t)(blockDim.x / 32) * groups_per_warp;
+  const int64_t nvec = a.dim / 4;
+  const float4* table = reinterpret_cast<const float4*>(a.weight);
+  float4* out = reinterpret_cast<float4*>(a.output);
+  const int64_t first = (int64_t)blockIdx.x * groups_per_block + (threadIdx.x / 32) * groups_per_warp + g_in_warp;
+  for (int64_t bag = first; bag < a.num_bags; bag += (int64_t)gridDim.x * groups_per_block) {
+    const int64_t begin = chz_bag_begin(a, bag);
+    const int64_t end = chz_bag_end(a, bag);
+    float4 acc[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) acc[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+    int64_t count = 0;
+    for (int64_t tile = begin; tile < end; tile += group) {
+      const int64_t i = tile + g_lane;
+      int64_t mine = -1;
+      if (i < end) {
+        mine = a.indices[i];
+        a.offset2bag[i] = bag;
+        count += mine != a.padding_idx;
+      }
+      const int n = (int)(end - tile < group ? end - tile : group);
+      for (int j = 0; j < n; j += U) {
+        int64_t rows[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) rows[u] = j + u < n ? __shfl_sync(gmask, mine, j + u, group) : -1;
+        float4 v[U][V];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const bool live = rows[u] >= 0 && rows[u] != a.padding_idx;
+#pragma unroll
+          for (int k = 0; k < V; ++k) {
+            const int64_t c = g_lane + (int64_t)k * group;
+            v[u][k] = live && c < nvec ? __ldg(table + rows[u] * nvec + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+          for (int k = 0; k < V; ++k) {
+            acc[k].x += v[u][k].x;
+            acc[k].y += v[u][k].y;
+            acc[k].z += v[u][k].z;
+            acc[k].w += v[u][k].w;
+          }
+      }
+    }
+    for (int s = group / 2; s > 0; s /= 2) count += __shfl_xor_sync(gmask, count, s, group);
+    if (a.mode == CHZ_MODE_MEAN && count > 0) {
+      const float n = (float)count;
+#pragma unroll
+      for (int k = 0; k < V; ++k) acc[k] = make_float4(acc[k].x / n, acc[k].y / n, acc[k].z / n, acc[k].w / n);
+    }
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const int64_t c = g_lane + (int64_t)k * group;
+      if (c < nvec) out[bag * nvec + c] = acc[k];
+    }
+    if (g_lane == 0) a.bag_size[bag] = count;
+  }
+}
+
+// --------------------------------------------------------------- L2 pre-pass
+// Issue prefetch.global.L2::evict_last for every 32-byte sector of each hot row, so
+// the rows sit in L2 with evict-last priority before the lookup kernel runs. K rows
+// of D floats cost K*ceil(4D/32) prefetches (60K x 16 ~ 1M for the paper's shape).
+constexpr int64_t kSectorBytes = 32;
+
+__global__ void chz_l2_pin_kernel(const float* weight, int64_t dim, const int64_t* hot_rows, int64_t num_hot) {
+  const int64_t row_bytes = dim * (int64_t)sizeof(float);
+  const int64_t sectors = row_bytes / kSectorBytes + 2;  // an unaligned row touches up to this many
+  const int64_t total = num_hot * sectors;
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < total; t += stride) {
+    const char* row = reinterpret_cast<const char*>(weight + hot_rows[t / sectors] * dim);
+    const uintptr_t addr = ((uintptr_t)row & ~(uintptr_t)(kSectorBytes - 1)) + (uintptr_t)(t % sectors) * kSectorBytes;
+    if (addr < (uintptr_t)(row + row_bytes)) CHZ_PREFETCH_L2_EVICT_LAST(reinterpret_cast<const void*>(addr));
+  }
+}
+
+// ------------------------------------------------------------------ launchers
+static int chz_check(const chz_bag_args* a) {
+  if (!a || a->num_bags < 0 || a->num_indices < 0 || a->dim <= 0 || a->num_rows <= 0) return CHZ_ERR_BAD_ARGUMENT;
+  if (a->num_bags > 0 && (!a->weight || !a->offsets || !a->output || !a->bag_size)) return CHZ_ERR_BAD_ARGUMENT;
+  if (a->num_indices > 0 && (!a->indices || !a->offset2bag)) return CHZ_ERR_BAD_ARGUMENT;
+  if (a->mode != CHZ_MODE_SUM && a->mode != CHZ_MODE_MEAN) return CHZ_ERR_BAD_ARGUMENT;
+  if (a->weight_stride0 < 0 || a->weight_stride1 < 0) return CHZ_ERR_BAD_ARGUMENT;
+  return CHZ_OK;
+}
+
+static dim3 chz_block(const chz_launch* l) { return dim3(l->block_x, l->block_y); }
+static int chz_grid(const chz_launch* l, int fallback) { return l->grid > 0 ? l->grid : fallback; }
+
+template <bool kOffByOne>
+static int chz_launch_base(const chz_bag_args* a, const chz_launch* l, void* stream) {
+  if (int e = chz_check(a)) return e;
+  if (a->num_bags == 0) return CHZ_OK;
+  auto kernel = chz_base_kernel<kOffByOne>;
+  CHZ_LAUNCH(kernel, chz_grid(l, 1024), chz_block(l), 0, (cudaStream_t)stream, *a);
+  return (int)cudaGetLastError();
+}
+
+template <int P>
+static int chz_launch_rpf(const chz_bag_args* a, const chz_launch* l, void* stream) {
+  auto kernel = chz_rpf_kernel<P>;
+  CHZ_LAUNCH(kernel, chz_grid(l, 1024), chz_block(l), 0, (cudaStream_t)stream, *a);
+  return (int)cudaGetLastError();
+}
+
+template <int V, int U>
+static int chz_launch_warp(const chz_bag_args* a, const chz_launch* l, void* stream, int group) {
+  const int64_t bags_per_block = (int64_t)(l->block_x / 32) * (32 / group);
+  const int64_t needed = (a->num_bags + bags_per_block - 1) / bags_per_block;
+  const int grid = l->grid > 0 ? l->grid : (int)(needed < (1 << 30) ? needed : (1 << 30));
+  auto kernel = chz_warp_kernel<V, U>;
+  CHZ_LAUNCH_COOPERATIVE(kernel, grid, dim3(l->block_x), 0, (cudaStream_t)stream, *a, group);
+  return (int)cudaGetLastError();
+}
+
+// --------------------------------------------------------------- entry points
+CHZ_EXPORT int chz_forward_base(const chz_bag_args* a, const chz_launch* l, void* stream) {
+  return chz_launch_base<false>(a, l, stream);
+}
+
+CHZ_EXPORT int chz_forward_wrong(const chz_bag_args* a, const chz_launch* l, void* stream) {
+  return chz_launch_base<true>(a, l, stream);
+}
+
+CHZ_EXPORT int chz_forward_rpf(const chz_bag_args* a, const chz_launch* l, void* stream) {
+  if (int e = chz_check(a)) return e;
+  if (a->per_sample_weights) return CHZ_ERR_UNSUPPORTED;
+  if (a->num_bags == 0) return CHZ_OK;
+  switch (l->prefetch_distance) {
+    case 1: return chz_launch_rpf<1>(a, l, stream);
+    case 2: return chz_launch_rpf<2>(a, l, stream);
+    case 3: return chz_launch_rpf<3>(a, l, stream);
+    case 4: return chz_launch_rpf<4>(a, l, stream);
+    case 5: return chz_launch_rpf<5>(a, l, stream);
+    case 6: return chz_launch_rpf<6>(a, l, stream);
+    case 7: return chz_launch_rpf<7>(a, l, stream);
+    case 8: return chz_launch_rpf<8>(a, l, stream);
+  }
+  return CHZ_ERR_BAD_ARGUMENT;
+}
+
+// Lanes per bag for the warp kernel: the next power of two covering D/4 float4s.
+CHZ_EXPORT int chz_warp_group(int64_t dim) {
+  const int64_t nvec = dim / 4;
+  int group = 1;
+  while (group < 32 && group < nvec) group *= 2;
+  return group;
+}
+
+CHZ_EXPORT int chz_forward_warp(const chz_bag_args* a, const chz_launch* l, void* stream) {
+  if (int e = chz_check(a)) return e;
+  if (a->dim % 4 != 0 || ((uintptr_t)a->weight % 16) != 0 || ((uintptr_t)a->output % 16) != 0 ||
+      a->weight_stride1 != 1 || a->weight_stride0 != a->dim || a->per_sample_weights)
+    return CHZ_ERR_UNSUPPORTED;
+  if (l->block_x % 32 != 0 || l->block_y != 1) return CHZ_ERR_BAD_ARGUMENT;
+  if (a->num_bags == 0) return CHZ_OK;
+  const int group = chz_warp_group(a->dim);
+  const int64_t per_lane = (a->dim / 4 + group - 1) / group;  // float4 columns per lane
+  if (per_lane <= 1) return chz_launch_warp<1, 8>(a, l, stream, group);
+  if (per_lane <= 2) return chz_launch_warp<2, 4>(a, l, stream, group);
+  if (per_lane <= 4) return chz_launch_warp<4, 2>(a, l, stream, group);
+  if (per_lane <= 8) return chz_launch_warp<8, 1>(a, l, stream, group);
+  return CHZ_ERR_UNSUPPORTED;  // D > 1024
+}
+
+CHZ_EXPORT int chz_l2_pin(const float* weight, int64_t dim, const int64_t* hot_rows, int64_t num_hot, void* stream) {
+  if (num_hot < 0 || dim <= 0 || (num_hot > 0 && (!weight || !hot_rows))) return CHZ_ERR_BAD_ARGUMENT;
+  if (num_hot == 0) return CHZ_OK;
+  const int64_t total = num_hot * (dim * (int64_t)sizeof(float) / kSectorBytes + 2);
+  const int64_t blocks = (total + 255) / 256;
+  const int grid = (int)(blocks < 4096 ? blocks : 4096);
+  auto kernel = chz_l2_pin_kernel;
+  CHZ_LAUNCH(kernel, grid, dim3(256), 0, (cudaStream_t)stream, weight, dim, hot_rows, num_hot);
+  return (int)cudaGetLastError();
+}
+
+// ----------------------------------------------------- L2 access-policy window
+// l2w keeps the hot rows (made contiguous by reordering the table by frequency) in
+// the persisting part of L2 through a stream access-policy window. The caller saves
+// the device limit and the stream's window, applies the window per table, and
+// restores both afterwards, so profiling other work is not skewed by a carve-out.
+struct chz_l2_state {
+  uint64_t persisting_limit;
+  cudaAccessPolicyWindow window;
+};
+
+CHZ_EXPORT int chz_l2_state_size() { return (int)sizeof(chz_l2_state); }
+
+CHZ_EXPORT int chz_l2_window_save(void* stream, chz_l2_state* state) {
+  size_t limit = 0;
+  cudaError_t e = cudaDeviceGetLimit(&limit, cudaLimitPersistingL2CacheSize);
+  if (e != cudaSuccess) return (int)e;
+  cudaStreamAttrValue value;
+  memset(&value, 0, sizeof(value));
+  e = cudaStreamGetAttribute((cudaStream_t)stream, cudaStreamAttributeAccessPolicyWindow, &value);
+  if (e != cudaSuccess) return (int)e;
+  state->persisting_limit = limit;
+  state->window = value.accessPolicyWindow;
+  return CHZ_OK;
+}
+
+// Persist [base, base+bytes): the carve-out is min(bytes, device max); the window is
+// min(bytes, max window); hitRatio scales down when the window exceeds the carve-out
+// so persisting lines do not thrash each other. Granted sizes are reported back.
+CHZ_EXPORT int chz_l2_window_apply(void* stream, const void* base, uint64_t bytes, uint64_t* carveout,
+                                   uint64_t* window_bytes, float* hit_ratio) {
+  int device = 0, max_persist = 0, max_window = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&max_persist, cudaDevAttrMaxPersistingL2CacheSize, device);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&max_window, cudaDevAttrMaxAccessPolicyWindowSize, device);
+  if (e != cudaSuccess) return (int)e;
+  if (max_persist <= 0 || max_window <= 0) return CHZ_ERR_UNSUPPORTED;  // pre-Ampere: no persisting L2
+  const uint64_t carve = bytes < (uint64_t)max_persist ? bytes : (uint64_t)max_persist;
+  e = cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, carve);
+  if (e != cudaSuccess) return (int)e;
+  cudaStreamAttrValue value;
+  memset(&value, 0, sizeof(value));
+  value.accessPolicyWindow.base_ptr = const_cast<void*>(base);
+  value.accessPolicyWindow.num_bytes = bytes < (uint64_t)max_window ? bytes : (uint64_t)max_window;
+  const double ratio = value.accessPolicyWindow.num_bytes ? (double)carve / value.accessPolicyWindow.num_bytes : 0.0;
+  value.accessPolicyWindow.hitRatio = (float)(ratio < 1.0 ? ratio : 1.0);
+  value.accessPolicyWindow.hitProp = cudaAccessPropertyPersisting;
+  value.accessPolicyWindow.missProp = cudaAccessPropertyStreaming;
+  e = cudaStreamSetAttribute((cudaStream_t)stream, cudaStreamAttributeAccessPolicyWindow, &value);
+  if (e != cudaSuccess) return (int)e;
+  if (carveout) *carveout = carve;
+  if (window_bytes) *window_bytes = value.accessPolicyWindow.num_bytes;
+  if (hit_ratio) *hit_ratio = value.accessPolicyWindow.hitRatio;
+  return CHZ_OK;
+}
+
+CHZ_EXPORT int chz_l2_window_restore(void* stream, const chz_l2_state* state) {
+  cudaStreamAttrValue value;
+  memset(&value, 0, sizeof(value));
+  value.accessPolicyWindow = state->window;
+  cudaError_t e = cudaStreamSetAttribute((cudaStream_t)stream, cudaStreamAttributeAccessPolicyWindow, &value);
+  if (e == cudaSuccess) e = cudaCtxResetPersistingL2Cache();  // demote lines marked persisting
+  if (e == cudaSuccess) e = cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, state->persisting_limit);
+  return (int)e;
+}
+
+// ------------------------------------------------------- runtime occupancy
+// What the driver says about a kernel of this build: registers per thread and
+// resident blocks per SM (cudaOccupancyMaxActiveBlocksPerMultiprocessor), to set
+// beside the static characterization. `which`: "base", "wrong", "rpf1".."rpf8",
+// "warp1".."warp8" (float4 columns per lane), "l2_pin".
+#if !defined(CHZ_EMULATE)
+template <typename Kernel>
+static int chz_info(Kernel kernel, int block, int* blocks_per_sm, int* registers) {
+  cudaFuncAttributes attr;
+  cudaError_t e = cudaFuncGetAttributes(&attr, kernel);
+  if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, kernel, block, 0);
+  *registers = attr.numRegs;
+  return (int)e;
+}
+#endif
+
+CHZ_EXPORT int chz_kernel_info(const char* which, int block, int* blocks_per_sm, int* registers) {
+#if defined(CHZ_EMULATE)
+  (void)which; (void)block; (void)blocks_per_sm; (void)registers;
+  return CHZ_ERR_UNSUPPORTED;
+#else
+  const char* w = which;
+  if (!strcmp(w, "base")) return chz_info(chz_base_kernel<false>, block, blocks_per_sm, registers);
+  if (!strcmp(w, "wrong")) return chz_info(chz_base_kernel<true>, block, blocks_per_sm, registers);
+  if (!strcmp(w, "l2_pin")) return chz_info(chz_l2_pin_kernel, block, blocks_per_sm, registers);
+  if (!strcmp(w, "rpf1")) return chz_info(chz_rpf_kernel<1>, block, blocks_per_sm, registers);
+  if (!strcmp(w, "rpf2")) return chz_info(chz_rpf_kernel<2>, block, blocks_per_sm, registers);
+  if (!strcmp(w, "rpf3")) return chz_info(chz_rpf_kernel<3>, block, blocks_per_sm, registers);
+  if (!strcmp(w, "rpf4")) return chz_info(chz_rpf_kernel<4>, block, blocks_per_sm, registers);
+  if (!strcmp(w, "rpf5")) return chz_info(chz_rpf_kernel<5>, block, blocks_per_sm, registers);
+  if (!strcmp(w, "rpf6")) return chz_info(chz_rpf_kernel<6>, block, blocks_per_sm, registers);
+  if (!strcmp(w, "rpf7")) return chz_info(chz_rpf_kernel<7>, block, blocks_per_sm, registers);
+  if (!strcmp(w, "rpf8")) return chz_info(chz_rpf_kernel<8>, block, blocks_per_sm, registers);
+  if (!strcmp(w, "warp1")) return chz_info(chz_warp_kernel<1, 8>, block, blocks_per_sm, registers);
+  if (!strcmp(w, "warp2")) return chz_info(chz_warp_kernel<2, 4>, block, blocks_per_sm, registers);
+  if (!strcmp(w, "warp4")) return chz_info(chz_warp_kernel<4, 2>, block, blocks_per_sm, registers);
+  if (!strcmp(w, "warp8")) return chz_info(chz_warp_kernel<8, 1>, block, blocks_per_sm, registers);
+  return CHZ_ERR_BAD_ARGUMENT;
+#endif
+}
+
+// ------------------------------------------------------------------- errors
+CHZ_EXPORT const char* chz_error_string(int code) {
+  switch (code) {
+    case CHZ_OK: return "no error";
+    case CHZ_ERR_BAD_ARGUMENT: return "bad argument (null pointer, negative size or unknown mode)";
+    case CHZ_ERR_UNSUPPORTED: return "shape not supported by this variant";
+    case CHZ_ERR_EMULATION: return "the CPU emulator detected a kernel bug";
+  }
+  return cudaGetErrorString((cudaError_t)code);
+}
+
+CHZ_EXPORT int chz_is_emulated() {
+#if defined(CHZ_EMULATE)
+  return 1;
+#else
+  return 0;
+#endif
+}

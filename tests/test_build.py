@@ -1,0 +1,87 @@
+import shutil
+from pathlib import Path
+
+import pytest
+
+from characterize import build as B
+from characterize.build import BuildSpec, build, build_many, demangle, find_nvcc, parse_ptxas
+from characterize.errors import BuildError, ToolchainNotFound
+
+# ptxas -v output as nvcc 13 prints it (captured from a real build of this family)
+PTXAS_LOG = """\
+ptxas info    : 0 bytes gmem
+ptxas info    : Overriding maximum register limit 256 for '_Z15chz_base_kernelILb0EEv12chz_bag_args' with  42 of maxrregcount option
+ptxas info    : Compiling entry function '_Z15chz_base_kernelILb0EEv12chz_bag_args' for 'sm_80'
+ptxas info    : Function properties for _Z15chz_base_kernelILb0EEv12chz_bag_args
+    0 bytes stack frame, 56 bytes spill stores, 168 bytes spill loads
+ptxas info    : Used 42 registers, used 0 barriers, 480 bytes cmem[0]
+ptxas info    : Compile time = 12.3 ms
+ptxas info    : Compiling entry function '_Z9smem_userPf' for 'sm_90'
+ptxas info    : Function properties for _Z9smem_userPf
+    8 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 30 registers, used 1 barriers, 4096 bytes smem, 360 bytes cmem[0]
+"""
+
+
+def test_parse_ptxas_reads_every_field():
+    k = parse_ptxas(PTXAS_LOG)
+    base = k["void chz_base_kernel<false>(chz_bag_args)"]
+    assert (base.registers, base.spill_stores, base.spill_loads, base.arch, base.max_registers) == (42, 56, 168, "sm_80", 42)
+    smem = k["smem_user(float*)"]
+    assert (smem.registers, smem.shared_mem, smem.barriers, smem.stack_frame, smem.arch) == (30, 4096, 1, 8, "sm_90")
+
+
+def test_demangle():
+    assert demangle("_Z14chz_rpf_kernelILi2EEv12chz_bag_args") == "void chz_rpf_kernel<2>(chz_bag_args)"
+    assert demangle("not_mangled") == "not_mangled"
+
+
+def test_nvcc_is_found():
+    tc = find_nvcc()
+    assert tc.path.is_file() and tc.version[0].isdigit()
+
+
+def test_missing_nvcc_says_how_to_get_one(monkeypatch):
+    monkeypatch.setattr(B, "_nvcc_candidates", lambda: [])
+    B.find_nvcc.cache_clear()
+    try:
+        with pytest.raises(ToolchainNotFound, match=r"characterize\[nvcc\]"):
+            find_nvcc()
+    finally:
+        B.find_nvcc.cache_clear()
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_every_kernel_compiles_for_both_archs(arch):
+    r = build(BuildSpec("cuda", arch))
+    names = set(r.kernels)
+    for expected in ["chz_base_kernel<false>", "chz_base_kernel<true>", "chz_l2_pin_kernel"] + \
+            [f"chz_rpf_kernel<{p}>" for p in range(1, 9)] + \
+            [f"chz_warp_kernel<{v}, {8 // v}>" for v in (1, 2, 4, 8)]:
+        assert r.resources(expected).arch == arch
+    assert all(k.registers > 0 for k in r.kernels.values()) and len(names) == 15
+    assert r.library.is_file()
+
+
+def test_cache_hit_and_cap(tmp_path, monkeypatch):
+    monkeypatch.setenv("CHARACTERIZE_CACHE", str(tmp_path))
+    first = build(BuildSpec("cuda", "sm_80", 40))
+    again = build(BuildSpec("cuda", "sm_80", 40))
+    assert not first.cached and again.cached and again.library == first.library
+    assert "-maxrregcount" in first.command and first.resources("chz_base_kernel<false>").registers <= 40
+    both = build_many([BuildSpec("emulate"), BuildSpec("cuda", "sm_80", 40)])
+    assert both[BuildSpec("cuda", "sm_80", 40)].cached and both[BuildSpec("emulate")].library.is_file()
+
+
+def test_broken_source_is_a_build_error(tmp_path, monkeypatch):
+    src = B.kernels_dir()
+    for f in src.iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    (tmp_path / "embedding_bag.cu").write_text((src / "embedding_bag.cu").read_text() + "\nthis is not C++;\n")
+    monkeypatch.setenv("CHARACTERIZE_KERNELS", str(tmp_path))
+    monkeypatch.setenv("CHARACTERIZE_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(BuildError, match="failed"):
+        build(BuildSpec("emulate"))
+    monkeypatch.setenv("CHARACTERIZE_KERNELS", str(tmp_path / "missing"))
+    with pytest.raises(BuildError, match="not found"):
+        build(BuildSpec("emulate"))
