@@ -1,0 +1,120 @@
+"""Experiment stage: one experiment end to end into a run directory.
+
+`characterize run` calls `run_experiment`: build (static characterization), trace
+locality, then on a GPU timing and Nsight Compute profiling, without one the model's
+predictions, and finally the report. Each step writes its results into the run
+directory as it finishes, so an interrupted run keeps everything already measured
+and `--resume` continues it.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import pandas as pd
+
+from .config import ExperimentConfig
+from .store import RunDir, environment, write_json
+
+Progress = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+def default_run_dir(exp: ExperimentConfig, gpu_key: str | None) -> Path:
+    return Path("runs") / f"{exp.name}-{gpu_key or 'nogpu'}"
+
+
+def locality_step(run: RunDir, exp: ExperimentConfig, progress: Progress = _quiet, table: int = 0) -> dict:
+    """Locality statistics of one table of every dataset (all tables of a generated
+    dataset share a distribution). K: the paper's 60K and the rows fitting each
+    target architecture's L2 and persisting budget."""
+    from .hardware import DEFAULT_GPU, GPUS
+    from .workloads import load_dataset, locality_stats
+
+    wl = exp.workload
+    ks = {60_000}
+    for arch in exp.archs:
+        spec = GPUS[DEFAULT_GPU[arch]]
+        ks |= {spec.l2_bytes // wl.row_bytes, spec.max_persisting_l2_bytes // wl.row_bytes}
+    out = {}
+    for ds in exp.datasets:
+        start = time.perf_counter()
+        data = load_dataset(ds, wl, tables=[table])
+        stats = locality_stats(data.tables[0].indices, data.rows, wl.row_bytes, sorted(ks))
+        out[ds] = stats.to_json() | {"table": table, "description": data.description}
+        progress(f"locality {ds}: {stats.unique_rows:,} unique of {stats.lookups:,} lookups "
+                 f"({time.perf_counter() - start:.1f} s)")
+    write_json(run.path / "locality.json", out)
+    return out
+
+
+def static_step(run: RunDir, exp: ExperimentConfig, progress: Progress = _quiet) -> pd.DataFrame:
+    from .static import static_characterization
+
+    progress(f"static characterization for {', '.join(exp.archs)} (nvcc; cached builds reused)")
+    rows = static_characterization([v for v in exp.variants], exp.archs, exp.maxrregcount, D=exp.workload.D,
+                                   params=exp.params)
+    df = pd.DataFrame([r.to_dict() for r in rows])
+    run.write_table("static", df)
+    return df
+
+
+@dataclass
+class RunOutcome:
+    path: Path
+    steps: dict[str, str] = field(default_factory=dict)  # step -> "done" | "skipped: why" | "failed: why"
+    report: Path | None = None
+
+
+def run_experiment(exp: ExperimentConfig, out: Path | None = None, *, resume: bool = False,
+                   progress: Progress = _quiet, gpu: bool | None = None) -> RunOutcome:
+    """Run `exp` into `out`; steps that cannot run here are recorded as skipped, with why."""
+    from .errors import CharacterizeError, ToolchainNotFound
+    from .hardware import devices
+
+    found = devices()
+    has_gpu = bool(found) if gpu is None else gpu
+    gpu_info = found[0] if (found and has_gpu) else None
+    exp.validate(gpu=gpu_info.spec() if gpu_info else None)
+    path = out or default_run_dir(exp, gpu_info.spec().key if gpu_info else None)
+    meta = {"name": path.name, "experiment": exp.to_dict(), "command_line": shlex.join(sys.argv),
+            "environment": environment(),
+            "gpu": None if gpu_info is None else {"name": gpu_info.name, "arch": gpu_info.arch,
+                                                   "sm_count": gpu_info.sm_count, "l2_bytes": gpu_info.l2_bytes,
+                                                   "memory_bytes": gpu_info.memory_bytes,
+                                                   "driver": gpu_info.driver, "cuda_runtime": gpu_info.cuda_runtime,
+                                                   "sm_clock_MHz": gpu_info.sm_clock_MHz,
+                                                   "max_sm_clock_MHz": gpu_info.max_sm_clock_MHz}}
+    run = RunDir.create(path, meta, resume=resume)
+    outcome = RunOutcome(path)
+    run.log(f"run {exp.name} ({'GPU ' + gpu_info.name if gpu_info else 'no GPU'})")
+
+    def step(name: str, fn: Callable[[], object]) -> None:
+        start = time.perf_counter()
+        try:
+            fn()
+        except ToolchainNotFound as e:
+            outcome.steps[name] = f"skipped: {e}"
+            progress(f"{name} skipped: {e}")
+        except CharacterizeError as e:
+            outcome.steps[name] = f"failed: {e}"
+            progress(f"{name} failed: {e}")
+        else:
+            outcome.steps[name] = "done"
+        run.log(f"{name}: {outcome.steps[name]} ({time.perf_counter() - start:.1f} s)")
+
+    step("static", lambda: static_step(run, exp, progress))
+    step("locality", lambda: locality_step(run, exp, progress))
+    if not has_gpu:
+        for s in ("bench", "profile"):
+            outcome.steps[s] = "skipped: no CUDA GPU on this machine"
+    run.update_meta(steps=outcome.steps)
+    return outcome

@@ -1,0 +1,322 @@
+"""Store stage: self-describing run directories that survive interruptions.
+
+A run directory holds everything needed to analyze a run later, on any machine:
+
+    meta.json             GPU identity, driver, CUDA/ncu versions, clocks, SM count, L2,
+                          cache/clock modes, git revision, full config, command line
+    log.txt               what happened, appended as it happens
+    static.csv            registers, spills and theoretical occupancy per variant x arch
+    locality.json         trace statistics per dataset
+    points/<kind>/*.json  one file per finished (variant, dataset) point of a stage
+                          (kind: bench, profile), written atomically
+    ncu/*.ncu-rep         the raw Nsight Compute reports, one per profiled point
+    predictions.csv       model predictions, when made
+
+Each point file is complete or absent (written to a temporary name, then renamed), so
+a killed process leaves a valid partial run and `--resume` skips what is finished.
+`load_run()` turns a directory back into DataFrames for notebooks and reports.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Iterable
+
+import pandas as pd
+
+from .errors import RunDirError
+
+META = "meta.json"
+LOG = "log.txt"
+
+
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """Write a file so that readers see the old content or the new one, never half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def write_json(path: Path, obj: Any) -> None:
+    write_atomic(path, json.dumps(obj, indent=1, sort_keys=False, default=_json_default) + "\n")
+
+
+def _json_default(o: Any) -> Any:
+    if hasattr(o, "item"):
+        return o.item()
+    if isinstance(o, (set, tuple)):
+        return list(o)
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"not JSON serializable: {type(o).__name__}")
+
+
+def point_key(variant: str, dataset: str) -> str:
+    """File-system safe name of a (variant, dataset) point."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", dataset)
+    return f"{variant}__{safe}"
+
+
+def git_revision() -> str | None:
+    """The source tree's commit (with '+dirty' when modified), if it is a git checkout."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        rev = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                             text=True, timeout=10)
+        if rev.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return rev.stdout.strip() + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def environment() -> dict[str, Any]:
+    """Software identity of this machine (the GPU part is added by the runner)."""
+    import numpy
+    import torch
+
+    return {"hostname": platform.node(), "platform": platform.platform(), "python": sys.version.split()[0],
+            "torch": torch.__version__, "torch_cuda": torch.version.cuda, "numpy": numpy.__version__,
+            "pandas": pd.__version__, "git_revision": git_revision()}
+
+
+@dataclass
+class RunDir:
+    """A run directory being written."""
+
+    path: Path
+
+    @classmethod
+    def create(cls, path: str | Path, meta: dict[str, Any], resume: bool = False) -> "RunDir":
+        """Open `path` for writing. An existing run is continued only with resume=True
+        (its finished points are kept); a new one gets meta.json at once."""
+        p = Path(path)
+        if (p / META).is_file() and not resume:
+            existing = json.loads((p / META).read_text())
+            raise RunDirError(f"{p} already holds a run ({existing.get('experiment', {}).get('name', '?')}, "
+                              f"started {existing.get('started', '?')}); pass --resume to continue it or "
+                              "--out to choose another directory")
+        p.mkdir(parents=True, exist_ok=True)
+        run = cls(p)
+        if (p / META).is_file():
+            old = json.loads((p / META).read_text())
+            old.setdefault("resumed", []).append(_now())
+            old["command_line"] = meta.get("command_line", old.get("command_line"))
+            for key, value in meta.items():
+                old.setdefault(key, value)
+            write_json(p / META, old)
+        else:
+            write_json(p / META, {"started": _now(), **meta})
+        return run
+
+    # ---------------------------------------------------------------- writing
+    def update_meta(self, **changes: Any) -> None:
+        meta = json.loads((self.path / META).read_text())
+        meta.update(changes)
+        write_json(self.path / META, meta)
+
+    def log(self, message: str) -> None:
+        with open(self.path / LOG, "a") as f:
+            f.write(f"{_now()} {message}\n")
+
+    def point_path(self, kind: str, variant: str, dataset: str) -> Path:
+        return self.path / "points" / kind / f"{point_key(variant, dataset)}.json"
+
+    def has_point(self, kind: str, variant: str, dataset: str) -> bool:
+        """True when the point finished (a failed point is retried on resume)."""
+        p = self.point_path(kind, variant, dataset)
+        if not p.is_file():
+            return False
+        try:
+            return json.loads(p.read_text()).get("status") == "ok"
+        except ValueError:
+            return False
+
+    def write_point(self, kind: str, variant: str, dataset: str, record: dict[str, Any]) -> Path:
+        p = self.point_path(kind, variant, dataset)
+        write_json(p, {"kind": kind, "variant": variant, "dataset": dataset, "finished": _now(), **record})
+        return p
+
+    def write_table(self, name: str, df: pd.DataFrame) -> Path:
+        p = self.path / f"{name}.csv"
+        write_atomic(p, df.to_csv(index=False))
+        return p
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+# ------------------------------------------------------------------ reading
+@dataclass
+class Run:
+    """A stored run, exposed as DataFrames (the notebook and report entry point)."""
+
+    path: Path
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.meta.get("name") or self.path.name
+
+    @property
+    def gpu(self) -> str | None:
+        return (self.meta.get("gpu") or {}).get("name")
+
+    def _csv(self, name: str) -> pd.DataFrame:
+        p = self.path / f"{name}.csv"
+        if not p.is_file():
+            return pd.DataFrame()
+        try:
+            return pd.read_csv(p)
+        except (ValueError, pd.errors.ParserError) as e:
+            raise RunDirError(f"{p}: unreadable ({e})") from None
+
+    def points(self, kind: str) -> list[dict[str, Any]]:
+        out = []
+        for p in sorted((self.path / "points" / kind).glob("*.json")):
+            try:
+                out.append(json.loads(p.read_text()))
+            except ValueError:
+                continue  # a torn file cannot exist (atomic writes); foreign junk is ignored
+        return out
+
+    @cached_property
+    def static(self) -> pd.DataFrame:
+        """Registers, spills, theoretical occupancy per variant x arch (x cap)."""
+        return self._csv("static")
+
+    @cached_property
+    def locality(self) -> pd.DataFrame:
+        """One row per dataset: lookups, unique rows, top-K coverage, reuse quantiles."""
+        p = self.path / "locality.json"
+        if not p.is_file():
+            return pd.DataFrame()
+        rows = []
+        for ds, s in json.loads(p.read_text()).items():
+            row = {"dataset": ds, **{k: v for k, v in s.items() if not isinstance(v, (dict, list))}}
+            for k, v in s.get("top_k_coverage", {}).items():
+                row[f"top_{k}_coverage"] = v
+            for k, v in s.get("reuse_distance_quantiles", {}).items():
+                row[f"reuse_{k}"] = v
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+    @cached_property
+    def locality_raw(self) -> dict[str, Any]:
+        p = self.path / "locality.json"
+        return json.loads(p.read_text()) if p.is_file() else {}
+
+    @cached_property
+    def predictions(self) -> pd.DataFrame:
+        return self._csv("predictions")
+
+    @cached_property
+    def bench(self) -> pd.DataFrame:
+        """One row per finished (variant, dataset, mode) with latency statistics."""
+        rows = []
+        for pt in self.points("bench"):
+            for s in pt.get("summary", []):
+                rows.append({"variant": pt["variant"], "dataset": pt["dataset"], "status": pt.get("status"), **s})
+        return pd.DataFrame(rows)
+
+    @cached_property
+    def timings(self) -> pd.DataFrame:
+        """Every timed repetition: variant, dataset, mode, rep, what (kernel/prepass), time_us."""
+        frames = []
+        for pt in self.points("bench"):
+            reps = pt.get("repetitions")
+            if reps:
+                df = pd.DataFrame(reps)
+                df.insert(0, "dataset", pt["dataset"])
+                df.insert(0, "variant", pt["variant"])
+                frames.append(df)
+        return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+    @cached_property
+    def failures(self) -> pd.DataFrame:
+        rows = [{"kind": k, "variant": p["variant"], "dataset": p["dataset"], "error": p.get("error", "")}
+                for k in ("bench", "profile") for p in self.points(k) if p.get("status") != "ok"]
+        return pd.DataFrame(rows)
+
+    @cached_property
+    def metrics(self) -> pd.DataFrame:
+        """Tidy ncu metrics of every profiled point (long format)."""
+        from .extract import read_report
+
+        frames = []
+        for pt in self.points("profile"):
+            if pt.get("status") != "ok" or not pt.get("report"):
+                continue
+            rep = self.path / pt["report"]
+            if not rep.is_file():
+                continue
+            df = read_report(rep, run=self.name, allow_partial=True)
+            # the point knows its variant/dataset even if NVTX names were lost
+            df["variant"] = df["variant"].replace("", pd.NA).fillna(pt["variant"])
+            df["dataset"] = df["dataset"].replace("", pd.NA).fillna(pt["dataset"])
+            df["cache_control"] = pt.get("cache_control", "")
+            df["clock_control"] = pt.get("clock_control", "")
+            frames.append(df)
+        return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+    @cached_property
+    def kernels(self) -> pd.DataFrame:
+        """One row per profiled kernel with friendly metric columns (extract.wide)."""
+        from .extract import wide
+
+        m = self.metrics
+        if m.empty:
+            return pd.DataFrame()
+        w = wide(m)
+        extra = m.groupby(["report", "kernel_id"])[["cache_control", "clock_control"]].first().reset_index()
+        return w.merge(extra, on=["report", "kernel_id"], how="left")
+
+    def summary(self) -> dict[str, Any]:
+        return {"path": str(self.path), "name": self.name, "gpu": self.gpu,
+                "bench_points": len(self.points("bench")), "profile_points": len(self.points("profile")),
+                "static_rows": len(self.static), "datasets": list(self.locality_raw)}
+
+
+def load_run(path: str | Path) -> Run:
+    """Open a run directory (or a directory of runs' single member) for analysis."""
+    p = Path(path)
+    if not p.exists():
+        raise RunDirError(f"{p}: no such run directory")
+    if p.is_file():
+        raise RunDirError(f"{p} is a file; give the run directory (for a report file use `characterize import`)")
+    if not (p / META).is_file():
+        raise RunDirError(f"{p} is not a run directory (no {META})")
+    try:
+        meta = json.loads((p / META).read_text())
+    except ValueError as e:
+        raise RunDirError(f"{p / META}: not valid JSON ({e})") from None
+    return Run(p, meta)
+
+
+def list_runs(root: str | Path) -> list[Path]:
+    """Run directories directly under `root`."""
+    return sorted(d for d in Path(root).iterdir() if (d / META).is_file()) if Path(root).is_dir() else []
