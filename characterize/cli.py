@@ -313,13 +313,158 @@ def workload_generate(spec: str, output: Path, **wl: Any) -> None:
     click.echo(f"wrote {output} ({config.T} tables, {sum(len(t.indices) for t in ds.tables):,} lookups)")
 
 
+# ------------------------------------------------------------ bench, profile
+def experiment_options(f: Callable) -> Callable:
+    """Which experiment and which part of it, plus where the run directory is."""
+    opts = [
+        click.argument("experiment", required=False, default="paper"),
+        click.option("--variants", default=None, help="comma-separated subset of the experiment's variants"),
+        click.option("--datasets", default=None, help="comma-separated subset of the experiment's datasets"),
+        click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+                     help="run directory [runs/<experiment>-<gpu>]"),
+        click.option("--resume", is_flag=True, help="continue an interrupted run, keeping finished points"),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def _prepare(experiment: str, out: Path | None, stage: str, resume: bool, backend: str,
+             variants: str | None = None, datasets: str | None = None, **overrides: Any):
+    """Load and validate the experiment, open the run directory for `stage`."""
+    import dataclasses
+
+    from .config import load_experiment
+    from .experiment import default_run_dir, run_meta
+    from .hardware import require_gpu
+    from .runner import open_run
+
+    exp = load_experiment(experiment)
+    if overrides:
+        exp = dataclasses.replace(exp, **overrides)
+    if variants:
+        exp = dataclasses.replace(exp, variants=tuple(csv_list(variants)))
+    if datasets:
+        exp = dataclasses.replace(exp, datasets=tuple(csv_list(datasets)))
+    info = require_gpu() if backend == "cuda" else None
+    exp.validate(gpu=info.spec() if info else None)
+    path = out or default_run_dir(exp, info.spec().key if info else "cpu-emulation")
+    run = open_run(path, exp, run_meta(exp, path, info, backend), stage, resume)
+    return exp, run
+
+
+@main.command()
+@experiment_options
+@click.option("--modes", default=None, help="steady,cold [the experiment's]")
+@click.option("--backend", type=click.Choice(["cuda", "emulate"]), default="cuda", show_default=True,
+              help="emulate times the CPU emulation: checks the harness, not GPU performance")
+def bench(experiment: str, variants: str | None, datasets: str | None, out: Path | None, resume: bool,
+          modes: str | None, backend: str) -> None:
+    """Time variants x datasets with CUDA events (steady and cold L2)."""
+    import dataclasses
+
+    from .analyze import speedups
+    from .config import load_experiment
+    from .runner import bench_points, pending_points
+    from .store import load_run
+
+    overrides = {}
+    if modes:
+        overrides["bench"] = dataclasses.replace(load_experiment(experiment).bench, modes=tuple(csv_list(modes)))
+    exp, run = _prepare(experiment, out, "bench", resume, backend, variants, datasets, **overrides)
+    points = pending_points(run, "bench", exp)
+    echo_err(f"bench {exp.name}: {len(points)} point(s) to time into {run.path} (backend {backend})")
+    counts = bench_points(run, points, backend, progress=echo_err)
+    r = load_run(run.path)
+    for mode in exp.bench.modes:
+        s = speedups(r.bench, mode)
+        if not s.empty:
+            click.echo(f"\n{mode} mode: latency per table launch (mean +- 95% CI) and speedups:")
+            print_rows(s.to_dict("records"), ["variant", "dataset", "latency_us", "latency_ci95_us",
+                                              "speedup_vs_base", "speedup_vs_torch", "effective_GBps", "hbm_pct",
+                                              "reps", "stable"])
+    if not r.failures.empty:
+        click.echo("\nfailed points:")
+        print_rows(r.failures.to_dict("records"))
+    if backend == "emulate":
+        click.echo("\nnote: CPU-emulation timings check the harness; they say nothing about GPU performance")
+    click.echo(f"\n{counts['ok']} point(s) measured, {counts['failed']} failed; run directory: {run.path}")
+
+
+@main.command()
+@experiment_options
+@click.option("--ncu", "ncu_path", default=None, help="path to the ncu executable")
+@click.option("--cache-control", type=click.Choice(["none", "all"]), default=None,
+              help="none keeps L2 between kernels (needed for L2 pinning) [the experiment's: none]")
+@click.option("--clock-control", type=click.Choice(["base", "none"]), default=None,
+              help="base locks clocks for comparable numbers [the experiment's: base]")
+@click.option("--metric-set", default=None, help="default | quick")
+@click.option("--timeout", type=float, default=900.0, show_default=True, help="seconds per point")
+def profile(experiment: str, variants: str | None, datasets: str | None, out: Path | None, resume: bool,
+            ncu_path: str | None, cache_control: str | None, clock_control: str | None, metric_set: str | None,
+            timeout: float) -> None:
+    """Profile each point under Nsight Compute (one ncu process per point)."""
+    import dataclasses
+    import os
+
+    from .config import load_experiment
+    from .ncu import find_ncu
+    from .runner import ProfileSettings, pending_points, profile_points
+
+    ncu = find_ncu(ncu_path)
+    backend = os.environ.get("CHARACTERIZE_BACKEND", "cuda")
+    base = load_experiment(experiment).profile
+    changes = {k: v for k, v in (("cache_control", cache_control), ("clock_control", clock_control),
+                                 ("metric_set", metric_set)) if v}
+    overrides = {"profile": dataclasses.replace(base, **changes)} if changes else {}
+    exp, run = _prepare(experiment, out, "profile", resume, backend, variants, datasets, **overrides)
+    points = pending_points(run, "profile", exp)
+    echo_err(f"profile {exp.name}: {len(points)} point(s) with {ncu} (cache-control {exp.profile.cache_control}, "
+             f"clock-control {exp.profile.clock_control}, metric set {exp.profile.metric_set})")
+    counts = profile_points(run, exp, points, ProfileSettings(ncu, timeout, None if backend == "cuda" else backend),
+                            progress=echo_err)
+    click.echo(f"{counts['ok']} point(s) profiled, {counts['failed']} failed; run directory: {run.path}")
+
+
+# -------------------------------------------------------------------- import
+@main.command("import")
+@click.argument("report", type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="write the tidy table to .csv or .parquet")
+@click.option("--wide", "as_wide", is_flag=True, help="one row per kernel with friendly columns instead")
+@click.option("--run-name", default="", help="value of the run column")
+def import_cmd(report: Path, output: Path | None, as_wide: bool, run_name: str) -> None:
+    """Turn any .ncu-rep or ncu CSV export into a tidy table."""
+    from .errors import ConfigError
+    from .extract import read_any, wide
+
+    df = read_any(report, run=run_name or report.stem)
+    table = wide(df) if as_wide else df
+    if output is None:
+        w = wide(df)
+        echo_err(f"{report}: {w.shape[0]} kernel(s), {df.shape[0]} metric values")
+        cols = [c for c in ("kernel_id", "function", "nvtx_range", "device", "duration_ns", "achieved_occupancy_pct",
+                            "theoretical_occupancy_pct", "registers_per_thread", "l2_hit_rate_pct",
+                            "dram_bytes_read") if c in w.columns]
+        print_rows(w[cols].to_dict("records"))
+        return
+    if output.suffix == ".csv":
+        table.to_csv(output, index=False)
+    elif output.suffix == ".parquet":
+        table.to_parquet(output, index=False)
+    else:
+        raise ConfigError(f"output must end in .csv or .parquet, got {output.name}")
+    click.echo(f"wrote {output} ({table.shape[0]} rows)")
+
+
 # ----------------------------------------------------------------------- run
 @main.command("run")
 @click.argument("experiment", required=False, default="paper")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="run directory [runs/<experiment>-<gpu>]")
 @click.option("--resume", is_flag=True, help="continue an interrupted run, keeping finished points")
-def run_cmd(experiment: str, out: Path | None, resume: bool) -> None:
+@click.option("--ncu", "ncu_path", default=None, help="path to the ncu executable (profiling on a GPU)")
+def run_cmd(experiment: str, out: Path | None, resume: bool, ncu_path: str | None) -> None:
     """The main job: build, characterize, measure (with a GPU) and summarize an experiment
     (a name under profiles/, e.g. paper or quick, or a TOML file)."""
     from .config import load_experiment
@@ -328,7 +473,7 @@ def run_cmd(experiment: str, out: Path | None, resume: bool) -> None:
     exp = load_experiment(experiment)
     start = time.perf_counter()
     echo_err(f"experiment {exp.name}: {exp.description}")
-    outcome = run_experiment(exp, out, resume=resume, progress=lambda m: echo_err(f"  {m}"))
+    outcome = run_experiment(exp, out, resume=resume, progress=lambda m: echo_err(f"  {m}"), ncu=ncu_path)
     from .store import load_run
 
     r = load_run(outcome.path)

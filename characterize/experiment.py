@@ -32,6 +32,22 @@ def default_run_dir(exp: ExperimentConfig, gpu_key: str | None) -> Path:
     return Path("runs") / f"{exp.name}-{gpu_key or 'nogpu'}"
 
 
+def run_meta(exp: ExperimentConfig, path: Path, gpu_info, backend: str = "cuda") -> dict:
+    """meta.json of a new run: identity of the GPU and software, the full config, the
+    command line."""
+    gpu = None
+    if gpu_info is not None:
+        spec = gpu_info.spec()
+        gpu = {"name": gpu_info.name, "key": spec.key, "arch": gpu_info.arch, "sm_count": gpu_info.sm_count,
+               "l2_bytes": gpu_info.l2_bytes, "memory_bytes": gpu_info.memory_bytes, "driver": gpu_info.driver,
+               "cuda_runtime": gpu_info.cuda_runtime, "sm_clock_MHz": gpu_info.sm_clock_MHz,
+               "max_sm_clock_MHz": gpu_info.max_sm_clock_MHz, "memory_clock_MHz": gpu_info.memory_clock_MHz,
+               "hbm_GBps": spec.hbm_GBps}
+    return {"name": path.name, "experiment": exp.to_dict(), "command_line": shlex.join(sys.argv),
+            "environment": environment(), "backend": backend if gpu_info is not None or backend != "cuda" else None,
+            "gpu": gpu, "cache_control": exp.profile.cache_control, "clock_control": exp.profile.clock_control}
+
+
 def locality_step(run: RunDir, exp: ExperimentConfig, progress: Progress = _quiet, table: int = 0) -> dict:
     """Locality statistics of one table of every dataset (all tables of a generated
     dataset share a distribution). K: the paper's 60K and the rows fitting each
@@ -75,33 +91,25 @@ class RunOutcome:
 
 
 def run_experiment(exp: ExperimentConfig, out: Path | None = None, *, resume: bool = False,
-                   progress: Progress = _quiet, gpu: bool | None = None) -> RunOutcome:
+                   progress: Progress = _quiet, ncu: str | None = None) -> RunOutcome:
     """Run `exp` into `out`; steps that cannot run here are recorded as skipped, with why."""
-    from .errors import CharacterizeError, ToolchainNotFound
+    from .errors import CharacterizeError, NcuNotFound, ToolchainNotFound
     from .hardware import devices
+    from .runner import ProfileSettings, bench_points, open_run, pending_points, profile_points
 
     found = devices()
-    has_gpu = bool(found) if gpu is None else gpu
-    gpu_info = found[0] if (found and has_gpu) else None
-    exp.validate(gpu=gpu_info.spec() if gpu_info else None)
-    path = out or default_run_dir(exp, gpu_info.spec().key if gpu_info else None)
-    meta = {"name": path.name, "experiment": exp.to_dict(), "command_line": shlex.join(sys.argv),
-            "environment": environment(),
-            "gpu": None if gpu_info is None else {"name": gpu_info.name, "arch": gpu_info.arch,
-                                                   "sm_count": gpu_info.sm_count, "l2_bytes": gpu_info.l2_bytes,
-                                                   "memory_bytes": gpu_info.memory_bytes,
-                                                   "driver": gpu_info.driver, "cuda_runtime": gpu_info.cuda_runtime,
-                                                   "sm_clock_MHz": gpu_info.sm_clock_MHz,
-                                                   "max_sm_clock_MHz": gpu_info.max_sm_clock_MHz}}
-    run = RunDir.create(path, meta, resume=resume)
+    info = found[0] if found else None
+    exp.validate(gpu=info.spec() if info else None)
+    path = out or default_run_dir(exp, info.spec().key if info else None)
+    run = open_run(path, exp, run_meta(exp, path, info), "bench", resume)
     outcome = RunOutcome(path)
-    run.log(f"run {exp.name} ({'GPU ' + gpu_info.name if gpu_info else 'no GPU'})")
+    run.log(f"run {exp.name} ({'GPU ' + info.name if info else 'no GPU'})")
 
     def step(name: str, fn: Callable[[], object]) -> None:
         start = time.perf_counter()
         try:
             fn()
-        except ToolchainNotFound as e:
+        except (ToolchainNotFound, NcuNotFound) as e:
             outcome.steps[name] = f"skipped: {e}"
             progress(f"{name} skipped: {e}")
         except CharacterizeError as e:
@@ -113,8 +121,24 @@ def run_experiment(exp: ExperimentConfig, out: Path | None = None, *, resume: bo
 
     step("static", lambda: static_step(run, exp, progress))
     step("locality", lambda: locality_step(run, exp, progress))
-    if not has_gpu:
+    if info is None:
         for s in ("bench", "profile"):
             outcome.steps[s] = "skipped: no CUDA GPU on this machine"
+    else:
+        def bench() -> None:
+            points = pending_points(run, "bench", exp)
+            progress(f"bench: {len(points)} point(s)")
+            bench_points(run, points, "cuda", progress)
+
+        def profile() -> None:
+            from .ncu import find_ncu
+
+            settings = ProfileSettings(find_ncu(ncu))
+            points = pending_points(run, "profile", exp)
+            progress(f"profile: {len(points)} point(s) under {settings.ncu}")
+            profile_points(run, exp, points, settings, progress)
+
+        step("bench", bench)
+        step("profile", profile)
     run.update_meta(steps=outcome.steps)
     return outcome

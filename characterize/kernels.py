@@ -227,6 +227,7 @@ class KernelLibrary:
         L.chz_error_string.argtypes = [ctypes.c_int]
         L.chz_error_string.restype = ctypes.c_char_p
         L.chz_warp_group.argtypes = [ctypes.c_int64]
+        L.chz_l2_reset.restype = ctypes.c_int
         L.chz_kernel_info.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(ctypes.c_int),
                                       ctypes.POINTER(ctypes.c_int)]
         if self.emulated:

@@ -567,6 +567,13 @@ def run_ncu(
         reader.start()
         try:
             returncode = proc.wait(timeout=timeout)
+        except KeyboardInterrupt:  # ncu runs in its own session: take it down with us
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+            raise
         except subprocess.TimeoutExpired:
             try:
                 os.killpg(proc.pid, signal.SIGKILL)

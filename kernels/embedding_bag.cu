@@ -370,6 +370,9 @@ CHZ_EXPORT int chz_l2_window_restore(void* stream, const chz_l2_state* state) {
   return (int)e;
 }
 
+// Demote every line marked persisting to normal (cold-L2 measurements start here).
+CHZ_EXPORT int chz_l2_reset() { return (int)cudaCtxResetPersistingL2Cache(); }
+
 // ------------------------------------------------------- runtime occupancy
 // What the driver says about a kernel of this build: registers per thread and
 // resident blocks per SM (cudaOccupancyMaxActiveBlocksPerMultiprocessor), to set

@@ -1,0 +1,308 @@
+"""Orchestration without a GPU: the bench harness on the CPU-emulation backend, and the
+profile stage driven through a stand-in ncu that runs the real target program and
+returns a real report recorded on a GPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from characterize.cli import main
+from characterize.config import load_experiment
+from characterize.ncu import build_argv, export_path
+from characterize.runner import ncu_options
+from characterize.store import load_run
+from tests.conftest import HAS_GPU, fixtures_dir
+
+TINY = """
+name = "tiny"
+description = "odd small shapes for harness tests"
+datasets = {datasets}
+variants = ["torch", "base", "rpf", "l2p", "l2w", "warp"]
+archs = ["sm_80"]
+maxrregcount = [48]
+[workload]
+T = 2
+E = 1009
+D = 68
+B = 127
+L = "uniform:0:20"
+batches = 2
+seed = 7
+[bench]
+warmup = 1
+min_reps = 3
+max_reps = 4
+budget_s = 0.3
+modes = {modes}
+[profile]
+tables = 1
+warmup_batches = 1
+"""
+
+
+def experiment(tmp_path: Path, datasets=("medium", "random"), modes=("steady",)) -> Path:
+    p = tmp_path / "tiny.toml"
+    p.write_text(TINY.format(datasets=json.dumps(list(datasets)), modes=json.dumps(list(modes))))
+    return p
+
+
+def cli(*args: object) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "characterize.cli", *map(str, args)], capture_output=True, text=True)
+
+
+# ---------------------------------------------------------------------- bench
+def test_bench_writes_every_point_and_resume_skips_them(tmp_path):
+    exp = experiment(tmp_path, modes=("steady", "cold"))
+    out = tmp_path / "run"
+    r = cli("bench", exp, "--backend", "emulate", "--out", out)
+    assert r.returncode == 0, r.stderr
+    run = load_run(out)
+    assert run.meta["experiment"]["name"] == "tiny" and "bench" in run.meta["command_line"]
+    assert run.meta["environment"]["torch"] and run.meta["backend"] == "emulate"
+    b = run.bench
+    assert len(b) == 6 * 2 * 2 and set(b["mode"]) == {"steady", "cold"} and (b["status"] == "ok").all()
+    assert (b["per_table_us"] > 0).all() and {"ci95_us", "effective_GBps", "hbm_pct", "reps"} <= set(b.columns)
+    l2p = b[(b["variant"] == "l2p")]
+    assert (l2p["prepass_per_table_us"] > 0).all() and (l2p["per_table_incl_prepass_us"] > l2p["per_table_us"]).all()
+    t = run.timings
+    assert {"variant", "dataset", "mode", "rep", "kernel_us", "prepass_us"} <= set(t.columns)
+    assert len(t) >= 6 * 2 * 2 * 3  # every repetition kept
+    assert "speedup_vs_base" in r.stdout and "CPU-emulation" in r.stdout
+    before = {p.name: p.read_text() for p in (out / "points" / "bench").glob("*.json")}
+    again = cli("bench", exp, "--backend", "emulate", "--out", out)
+    assert again.returncode == 8 and "--resume" in again.stderr
+    resumed = cli("bench", exp, "--backend", "emulate", "--out", out, "--resume")
+    assert resumed.returncode == 0 and "0 point(s) to time" in resumed.stderr
+    assert {p.name: p.read_text() for p in (out / "points" / "bench").glob("*.json")} == before
+
+
+def test_a_failing_point_is_recorded_and_the_rest_continue(tmp_path):
+    bad = tmp_path / "bad.txt"
+    bad.write_text("1\n2\n5000\n")  # 5000 is outside E=1009
+    exp = experiment(tmp_path, datasets=("medium", str(bad)))
+    out = tmp_path / "run"
+    r = cli("bench", exp, "--backend", "emulate", "--out", out)
+    assert r.returncode == 0, r.stderr
+    run = load_run(out)
+    failed = run.failures
+    assert len(failed) == 6 and set(failed["dataset"]) == {str(bad)}
+    assert failed["error"].str.contains("index 5000").all()
+    assert (run.bench[run.bench["dataset"] == "medium"]["status"] == "ok").sum() == 6
+
+
+def _worker_pids() -> list[int]:
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                cmd = (d / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"characterize.worker" in cmd:
+                pids.append(int(d.name))
+    return pids
+
+
+def _wait_for_points(path: Path, n: int, timeout: float = 120) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if len(list((path / "points" / "bench").glob("*.json"))) >= n:
+            return
+        time.sleep(0.05)
+    raise AssertionError("no progress")
+
+
+def test_kill_leaves_a_valid_partial_run_and_resume_finishes_it(tmp_path):
+    exp = experiment(tmp_path, datasets=("medium", "random", "high"))
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "characterize.cli", "bench", str(exp), "--backend", "emulate",
+                             "--out", str(out)], start_new_session=True, stderr=subprocess.DEVNULL)
+    _wait_for_points(out, 2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    run = load_run(out)
+    kept = {p.name: p.read_text() for p in (out / "points" / "bench").glob("*.json")}
+    assert 2 <= len(kept) < 18 and (run.bench["status"] == "ok").all()
+    assert not list((out / "points" / "bench").glob(".*.json.*"))  # no torn temporary files
+    r = cli("bench", exp, "--backend", "emulate", "--out", out, "--resume")
+    assert r.returncode == 0, r.stderr
+    assert f"{18 - len(kept)} point(s) to time" in r.stderr
+    final = load_run(out)
+    assert len(final.points("bench")) == 18
+    for name, text in kept.items():
+        assert (out / "points" / "bench" / name).read_text() == text
+
+
+def test_a_dying_worker_costs_one_point(tmp_path):
+    exp = experiment(tmp_path, datasets=("medium", "random"))
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "characterize.cli", "bench", str(exp), "--backend", "emulate",
+                             "--out", str(out)], stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    _wait_for_points(out, 1)
+    while not (out / "points" / "bench" / ".inflight").is_file():
+        time.sleep(0.01)
+    for pid in _worker_pids():
+        os.kill(pid, signal.SIGKILL)
+    assert proc.wait(timeout=300) == 0
+    run = load_run(out)
+    assert len(run.points("bench")) == 12
+    died = run.failures
+    assert len(died) == 1 and "SIGKILL" in died["error"].iloc[0]
+
+
+@pytest.mark.skipif(HAS_GPU, reason="checks the no-GPU message")
+def test_bench_without_gpu_says_so(tmp_path):
+    r = cli("bench", experiment(tmp_path), "--out", tmp_path / "run")
+    assert r.returncode == 4 and "no CUDA device" in r.stderr and "Traceback" not in r.stderr
+
+
+# -------------------------------------------------------------------- profile
+@pytest.fixture
+def fake_ncu(tmp_path, monkeypatch):
+    report = fixtures_dir() / "a100_mistic_msdnew.ncu-rep"
+    if not report.is_file():
+        pytest.skip(f"needs a real report recorded on a GPU ({report})")
+    ncu = tmp_path / "bin" / "ncu"
+    ncu.parent.mkdir()
+    ncu.write_text(f"#!/bin/sh\nexec {sys.executable} {Path(__file__).parent / 'fakes' / 'fake_ncu.py'} \"$@\"\n")
+    ncu.chmod(0o755)
+    log = tmp_path / "ncu-calls.jsonl"
+    monkeypatch.setenv("FAKE_NCU_LOG", str(log))
+    monkeypatch.setenv("FAKE_NCU_REPORT", str(report))
+    monkeypatch.setenv("CHARACTERIZE_BACKEND", "emulate")
+    return ncu, log
+
+
+def calls(log: Path) -> list[list[str]]:
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.is_file() else []
+
+
+def test_profile_orchestration_end_to_end(tmp_path, fake_ncu):
+    ncu, log = fake_ncu
+    exp_path = experiment(tmp_path)
+    out = tmp_path / "run"
+    r = CliRunner().invoke(main, ["profile", str(exp_path), "--ncu", str(ncu), "--out", str(out),
+                                  "--variants", "base,l2p"])
+    assert r.exit_code == 0, r.output
+    argvs = calls(log)
+    assert len(argvs) == 4  # one ncu process per point
+    exp = load_experiment(str(exp_path))
+    target = [sys.executable, "-m", "characterize.worker", "profile", str(out), "--variant", "base", "--dataset",
+              "medium", "--backend", "emulate"]
+    expected = build_argv(ncu, ncu_options(exp, None), export_path(out / "ncu" / "base__medium"), target)
+    assert argvs[0] == expected[1:]  # the stand-in sees its arguments, not its own path
+    assert expected[:20] == [str(ncu), "--export", str(out / "ncu" / "base__medium.ncu-rep"), "--force-overwrite",
+                             "--config-file", "off", "--cache-control", "none", "--clock-control", "base",
+                             "--replay-mode", "kernel", "--target-processes", "all", "--nvtx", "--nvtx-include",
+                             "chz-profile/", "--section", "LaunchStats", "--section"]
+    assert argvs[0][argvs[0].index("-k") + 1] == "regex:chz_|EmbeddingBag"
+    run = load_run(out)
+    pts = run.points("profile")
+    assert len(pts) == 4 and all(p["status"] == "ok" and p["cache_control"] == "none" for p in pts)
+    log_text = (out / "ncu" / "l2p__medium.log").read_text()
+    assert "NVTX push chz-profile" in log_text and "NVTX push chz/l2p/medium/0" in log_text
+    m = run.metrics
+    assert set(m["variant"]) == {"base", "l2p"} and set(m["dataset"]) == {"medium", "random"}
+    assert (m["cache_control"] == "none").all()
+    k = run.kernels
+    assert len(k) == 4 and k["achieved_occupancy_pct"].round(2).eq(80.59).all()
+    again = CliRunner().invoke(main, ["profile", str(exp_path), "--ncu", str(ncu), "--out", str(out),
+                                      "--variants", "base,l2p", "--resume"])
+    assert again.exit_code == 0 and len(calls(log)) == 4  # nothing redone
+
+
+def test_profile_permission_error_is_explained_and_stops(tmp_path, fake_ncu, monkeypatch):
+    ncu, log = fake_ncu
+    monkeypatch.setenv("FAKE_NCU_MODE", "perm")
+    r = CliRunner().invoke(main, ["profile", str(experiment(tmp_path)), "--ncu", str(ncu), "--out",
+                                  str(tmp_path / "run")])
+    assert r.exit_code == 6 and "ERR_NVGPUCTRPERM" in r.output and "NVreg_RestrictProfilingToAdminUsers" in r.output
+    assert len(calls(log)) == 1  # no point in trying the others
+
+
+def test_profile_falls_back_to_launch_order_when_nvtx_matches_nothing(tmp_path, fake_ncu, monkeypatch):
+    ncu, log = fake_ncu
+    monkeypatch.setenv("FAKE_NCU_MODE", "nvtx-mismatch")
+    r = CliRunner().invoke(main, ["profile", str(experiment(tmp_path, datasets=("high",))), "--ncu", str(ncu),
+                                  "--out", str(tmp_path / "run"), "--variants", "l2p"])
+    assert r.exit_code == 0, r.output
+    first, second = calls(log)
+    assert "--nvtx-include" in first and "--nvtx-include" not in second
+    skip = second[second.index("--launch-skip") + 1]
+    assert skip == str(1 * 2 * 2)  # 1 warm-up batch x T=2 tables x (pre-pass + lookup)
+    assert load_run(tmp_path / "run").points("profile")[0]["scoping"] == "launch-skip"
+
+
+def test_profile_point_failure_is_recorded_and_others_continue(tmp_path, fake_ncu, monkeypatch):
+    ncu, log = fake_ncu
+    monkeypatch.setenv("FAKE_NCU_MODE", "crash")
+    r = CliRunner().invoke(main, ["profile", str(experiment(tmp_path)), "--ncu", str(ncu), "--out",
+                                  str(tmp_path / "run"), "--variants", "base"])
+    assert r.exit_code == 0 and "2 failed" in r.output
+    pts = load_run(tmp_path / "run").points("profile")
+    assert len(pts) == 2 and all(p["status"] == "failed" and p["error"] for p in pts)
+
+
+def test_profile_without_ncu_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    r = CliRunner().invoke(main, ["profile", str(experiment(tmp_path)), "--ncu", str(tmp_path / "nope")])
+    assert r.exit_code == 6 and "ncu" in r.output and "Traceback" not in r.output
+
+
+# --------------------------------------------------------------------- import
+def test_import_fixture_to_csv_and_parquet(tmp_path, ncu_fixtures):
+    rep = ncu_fixtures / "a100_mistic_msdnew.ncu-rep"
+    r = CliRunner().invoke(main, ["import", str(rep), "-o", str(tmp_path / "x.csv")])
+    assert r.exit_code == 0, r.output
+    df = pd.read_csv(tmp_path / "x.csv")
+    v = dict(zip(df["metric"], df["value"]))
+    assert round(v["sm__warps_active.avg.pct_of_peak_sustained_active"], 2) == 80.59
+    assert round(v["lts__t_sector_hit_rate.pct"], 2) == 54.11
+    assert v["launch__registers_per_thread"] == 32 and v["gpu__time_duration.sum"] == 8261906816
+    assert {"kernel_id", "kernel_name", "nvtx_range", "grid", "block", "device", "metric", "unit", "value",
+            "run", "variant", "dataset", "table"} <= set(df.columns)
+    r = CliRunner().invoke(main, ["import", str(rep), "-o", str(tmp_path / "x.parquet"), "--wide"])
+    assert r.exit_code == 0 and pd.read_parquet(tmp_path / "x.parquet")["duration_ns"].iloc[0] == 8261906816
+    shown = CliRunner().invoke(main, ["import", str(ncu_fixtures / "h800_sglang.ncu-rep")])
+    assert shown.exit_code == 0 and "flash_fwd_kernel" in shown.output
+
+
+def test_import_corrupt_report(tmp_path, ncu_fixtures):
+    raw = (ncu_fixtures / "a100_mistic_msdkt23.ncu-rep").read_bytes()
+    (tmp_path / "cut.ncu-rep").write_bytes(raw[:1000])
+    r = CliRunner().invoke(main, ["import", str(tmp_path / "cut.ncu-rep")])
+    assert r.exit_code == 7 and "cut.ncu-rep" in r.output and "Traceback" not in r.output
+
+
+# ------------------------------------------------------------- on a real GPU
+@pytest.mark.gpu
+def test_real_bench_and_profile_of_two_variants(tmp_path):
+    from characterize.errors import NcuNotFound
+    from characterize.ncu import find_ncu
+
+    try:
+        ncu = find_ncu()
+    except NcuNotFound as e:
+        pytest.skip(str(e))
+    exp = experiment(tmp_path, datasets=("medium",))
+    out = tmp_path / "run"
+    r = cli("bench", exp, "--variants", "base,warp", "--out", out)
+    assert r.returncode == 0, r.stderr
+    p = cli("profile", exp, "--variants", "base,warp", "--out", out, "--ncu", ncu, "--resume")
+    assert p.returncode == 0, p.stderr + p.stdout
+    run = load_run(out)
+    assert (run.bench["status"] == "ok").all() and run.meta["gpu"]["name"]
+    k = run.kernels
+    assert set(k["variant"]) == {"base", "warp"} and k["l2_hit_rate_pct"].notna().all()
+    assert k["nvtx_range"].str.startswith("chz/").all()  # variant/dataset/table came from NVTX
