@@ -8,10 +8,13 @@ method on the two means' relative CIs (independent samples).
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Iterable
 
 import numpy as np
 import pandas as pd
+
+from .errors import RunDirError
 
 #: the paper's published A100 claims for the embedding stage (MICRO 2024)
 PAPER_CLAIMS = {
@@ -103,3 +106,29 @@ def compare_runs(a: pd.DataFrame, b: pd.DataFrame, keys: Iterable[str] = ("varia
     unmatched = m[m["_merge"] != "both"].rename(columns={"_merge": "only_in"})
     unmatched["only_in"] = unmatched["only_in"].map({"left_only": "a", "right_only": "b"})
     return both, unmatched.reset_index(drop=True)
+
+
+def comparable_metrics(source: str | Path) -> pd.DataFrame:
+    """Tidy metrics of a run directory (ncu metrics plus bench latencies as metrics named
+    'bench.<mode>.per_table_us') or of any .ncu-rep / ncu CSV file."""
+    from .extract import read_any
+    from .store import load_run
+
+    p = Path(source)
+    if p.is_dir():
+        run = load_run(p)
+        frames = []
+        m = run.metrics
+        if not m.empty:
+            frames.append(m[["variant", "dataset", "function", "metric", "unit", "value"]])
+        b = run.bench
+        if not b.empty:
+            ok = b[b["status"] == "ok"]
+            frames.append(pd.DataFrame({"variant": ok["variant"], "dataset": ok["dataset"], "function": "(bench)",
+                                        "metric": "bench." + ok["mode"] + ".per_table_us", "unit": "us",
+                                        "value": ok["per_table_us"]}))
+        if not frames:
+            raise RunDirError(f"{p} has neither ncu metrics nor timings to compare")
+        return pd.concat(frames, ignore_index=True)
+    df = read_any(p)
+    return df[["variant", "dataset", "function", "metric", "unit", "value"]]

@@ -457,6 +457,35 @@ def import_cmd(report: Path, output: Path | None, as_wide: bool, run_name: str) 
     click.echo(f"wrote {output} ({table.shape[0]} rows)")
 
 
+# ------------------------------------------------------------------- compare
+@main.command()
+@click.argument("a", type=click.Path(exists=True, path_type=Path))
+@click.argument("b", type=click.Path(exists=True, path_type=Path))
+@click.option("--top", type=int, default=40, show_default=True, help="rows to show, largest relative change first")
+@click.option("--metric", "metric_filter", default=None, help="only metrics containing this text")
+@click.option("--json", "as_json", is_flag=True)
+def compare(a: Path, b: Path, top: int, metric_filter: str | None, as_json: bool) -> None:
+    """Metric-by-metric comparison of two runs or reports on the metrics they share."""
+    from .analyze import comparable_metrics, compare_runs
+
+    ma, mb = comparable_metrics(a), comparable_metrics(b)
+    if metric_filter:
+        ma = ma[ma["metric"].str.contains(metric_filter, regex=False)]
+        mb = mb[mb["metric"].str.contains(metric_filter, regex=False)]
+    both, unmatched = compare_runs(ma, mb)
+    both = both.assign(rel_change=(both["ratio"] - 1).abs()).sort_values("rel_change", ascending=False)
+    if as_json:
+        click.echo(json.dumps({"shared": both.drop(columns="rel_change").to_dict("records"),
+                               "unmatched": unmatched.to_dict("records")}, indent=1, default=str))
+        return
+    click.echo(f"A = {a}\nB = {b}\n{len(both)} shared (kernel, metric) values; largest relative changes:")
+    cols = [c for c in ("variant", "dataset", "function", "metric", "a", "b", "delta", "ratio") if c in both.columns]
+    print_rows(both.head(top).to_dict("records"), cols)
+    if not unmatched.empty:
+        click.echo(f"\n{len(unmatched)} kernel(s) present in only one of them (not compared):")
+        print_rows(unmatched.to_dict("records"))
+
+
 # ----------------------------------------------------------------------- run
 @main.command("run")
 @click.argument("experiment", required=False, default="paper")
