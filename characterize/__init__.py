@@ -32,7 +32,8 @@ _API = {
     "rule_results": "extract", "speedups": "analyze", "headline": "analyze", "stall_breakdown": "analyze",
     "compare_runs": "analyze",
     # model and report
-    "predict": "model", "predict_experiment": "model", "render_report": "report",
+    "predict": "model", "predict_experiment": "model", "calibrate": "model", "load_calibration": "model",
+    "compare_to_measured": "model", "gmae": "model", "paper_claims": "model", "render_report": "report",
 }
 
 __all__ = sorted(_API) + ["__version__"]

@@ -521,5 +521,10 @@ def run_cmd(experiment: str, out: Path | None, resume: bool, ncu_path: str | Non
     echo_err(f"finished in {time.perf_counter() - start:.1f} s")
 
 
+from .cli_model import calibrate, predict  # noqa: E402  (model-stage commands)
+
+main.add_command(predict)
+main.add_command(calibrate)
+
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -9,6 +9,7 @@ and `--resume` continues it.
 
 from __future__ import annotations
 
+import json
 import shlex
 import sys
 import time
@@ -83,6 +84,22 @@ def static_step(run: RunDir, exp: ExperimentConfig, progress: Progress = _quiet)
     return df
 
 
+def predict_step(run: RunDir, exp: ExperimentConfig, static: pd.DataFrame | None = None,
+                 progress: Progress = _quiet) -> pd.DataFrame:
+    """Model predictions for every variant x dataset x architecture (and the run's GPU)."""
+    from .model import predict_experiment
+
+    archs = list(exp.archs)
+    gpu = json.loads((run.path / "meta.json").read_text()).get("gpu") or {}
+    if gpu.get("key") and gpu["key"] not in archs:
+        archs.append(gpu["key"])
+    start = time.perf_counter()
+    df = predict_experiment(exp, archs, static=static)
+    run.write_table("predictions", df)
+    progress(f"model predictions for {', '.join(archs)} ({time.perf_counter() - start:.1f} s)")
+    return df
+
+
 @dataclass
 class RunOutcome:
     path: Path
@@ -119,8 +136,10 @@ def run_experiment(exp: ExperimentConfig, out: Path | None = None, *, resume: bo
             outcome.steps[name] = "done"
         run.log(f"{name}: {outcome.steps[name]} ({time.perf_counter() - start:.1f} s)")
 
-    step("static", lambda: static_step(run, exp, progress))
+    static: dict[str, pd.DataFrame] = {}
+    step("static", lambda: static.update(df=static_step(run, exp, progress)))
     step("locality", lambda: locality_step(run, exp, progress))
+    step("predict", lambda: predict_step(run, exp, static.get("df"), progress))
     if info is None:
         for s in ("bench", "profile"):
             outcome.steps[s] = "skipped: no CUDA GPU on this machine"

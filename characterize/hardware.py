@@ -55,6 +55,21 @@ ARCHS: dict[str, ArchSpec] = {
 }
 
 
+_MODEL_SRC = (
+    "performance-model defaults (characterize.model; `characterize calibrate` replaces them per GPU): "
+    "L1 data = unified L1/shared per SM (A100 192 KB, H100 256 KB, GA10x/AD10x 128 KB; NVIDIA whitepapers) "
+    "minus the 32 KiB shared-memory carve-out that ncu reports (launch__shared_mem_config_size) for kernels "
+    "without shared memory on A100 and H800; L1 hit ~33-40 cycles at boost clock (Jia et al. 2018 Volta "
+    "microbenchmarks: 28 cycles; Abdelkhalik et al. 2022 Ampere microbenchmarks: ~33); L1 throughput 128 B/clk "
+    "per SM (H100 whitepaper: 33 TB/s over 132 SMs at 1.98 GHz); L2 effective capacity 0.6: the L2 is two "
+    "partitions that each cache data for the SMs of their own GPCs, so a line read from both sides is held "
+    "twice (A100 whitepaper; GTC 2021 'Dissecting the Ampere GPU architecture through microbenchmarking'), and "
+    "replacement is set-associative rather than true LRU: between 0.5 and 1, 0.6 assumed; HBM efficiency 0.85: "
+    "stream benchmarks reach ~90% of peak, gathers of 128-512 B rows somewhat less; launch overhead 3 us per "
+    "back-to-back launch (launch gap plus ramp-up and drain, 2-4 us in CUDA-event timings of small kernels)"
+)
+
+
 @dataclass(frozen=True)
 class GpuSpec:
     """One GPU product: its architecture plus chip-level facts and model constants.
@@ -79,6 +94,14 @@ class GpuSpec:
     dram_latency_ns: float        # L2 miss served by DRAM, load-to-use
     sources: str = ""
     aliases: tuple[str, ...] = field(default=())
+    # model constants (see model_sources); A100 values unless a product overrides them
+    l1_data_bytes: int = 160 * KiB      # L1 data cache per SM for a kernel without shared memory
+    l1_latency_ns: float = 25.0         # L1 hit, load-to-use
+    l1_bytes_per_clk: int = 128         # L1 throughput per SM
+    l2_effective_capacity: float = 0.6  # fraction of l2_bytes that behaves like a fully associative LRU
+    hbm_efficiency: float = 0.85        # achievable fraction of hbm_GBps for row gathers
+    launch_overhead_us: float = 3.0     # per back-to-back kernel launch
+    model_sources: str = _MODEL_SRC
 
     @property
     def archspec(self) -> ArchSpec:
@@ -112,17 +135,20 @@ _add(GpuSpec("a100-40gb", "NVIDIA A100-SXM4-40GB", "sm_80", 108, 40 * MiB, 30 * 
 _add(GpuSpec("a10", "NVIDIA A10", "sm_86", 72, 6 * MiB, int(4.5 * MiB), 24 * GiB,
              600.0, 2000.0, 1695, 885, 220.0, 520.0,
              "NVIDIA A10 datasheet: 72 SMs, 6 MB L2, GDDR6 600 GB/s; persisting L2 75% of L2 (assumed)",
-             ("sm_86",)))
+             ("sm_86",), l1_data_bytes=96 * KiB, l1_latency_ns=22.0))
 _add(GpuSpec("l4", "NVIDIA L4", "sm_89", 58, 48 * MiB, 36 * MiB, 24 * GiB,
              300.0, 2500.0, 2040, 795, 230.0, 560.0,
              "NVIDIA L4 datasheet: 58 SMs, 48 MB L2, GDDR6 300 GB/s; persisting L2 75% of L2 (assumed)",
-             ("sm_89",)))
+             ("sm_89",), l1_data_bytes=96 * KiB, l1_latency_ns=18.0))
 _add(GpuSpec("h100-sxm", "NVIDIA H100 80GB HBM3", "sm_90", 132, 50 * MiB, int(37.5 * MiB), 80 * GiB,
-             3350.0, 7500.0, 1980, 1590, 260.0, 480.0, _H100_SRC, ("h100", "sm_90")))
+             3350.0, 7500.0, 1980, 1590, 260.0, 480.0, _H100_SRC, ("h100", "sm_90"),
+             l1_data_bytes=224 * KiB, l1_latency_ns=20.0))
 _add(GpuSpec("h800", "NVIDIA H800", "sm_90", 132, 50 * MiB, int(37.5 * MiB), 80 * GiB,
-             3350.0, 7500.0, 1980, 1590, 260.0, 480.0, _H100_SRC, ()))
+             3350.0, 7500.0, 1980, 1590, 260.0, 480.0, _H100_SRC, (),
+             l1_data_bytes=224 * KiB, l1_latency_ns=20.0))
 _add(GpuSpec("h200", "NVIDIA H200", "sm_90", 132, 50 * MiB, int(37.5 * MiB), 141 * 10**9,
-             4800.0, 7500.0, 1980, 1590, 260.0, 470.0, _H100_SRC, ()))
+             4800.0, 7500.0, 1980, 1590, 260.0, 470.0, _H100_SRC, (),
+             l1_data_bytes=224 * KiB, l1_latency_ns=20.0))
 
 #: the representative GPU for each architecture key
 DEFAULT_GPU = {"sm_80": "a100-80gb", "sm_86": "a10", "sm_89": "l4", "sm_90": "h100-sxm"}

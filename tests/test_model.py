@@ -1,0 +1,191 @@
+"""Model stage: its limits, monotonicity, bandwidth ceilings, calibration on a synthetic
+run, the CLI's JSON and the paper-claims table.
+
+Small workloads and a fixed static table (blocks per SM as ptxas gives them with nvcc
+13) keep these fast and independent of the compiler and its build cache.
+"""
+
+from __future__ import annotations
+
+import json
+
+import click
+import numpy as np
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from characterize import model as M
+from characterize.cli import Group
+from characterize.cli_model import PREDICT_KEYS, calibrate as calibrate_cmd, predict as predict_cmd
+from characterize.config import ExperimentConfig, WorkloadConfig
+from characterize.errors import ToolchainNotFound
+from characterize.hardware import gpu_spec
+from characterize.store import RunDir, load_run
+
+SMALL = WorkloadConfig(T=2, E=50_000, B=256, L=20, batches=3)
+VARIANTS = ["base", "optmt", "rpf", "l2p", "l2w", "combined", "warp"]
+#: blocks per SM of each lookup kernel (256 threads) as nvcc 13 builds them
+BLOCKS = {"sm_80": dict(base=4, optmt=5, rpf=5, l2p=4, l2w=4, combined=5, warp=5),
+          "sm_90": dict(base=4, optmt=5, rpf=5, l2p=4, l2w=4, combined=5, warp=4)}
+
+
+def static(blocks: dict[str, dict[str, int]] = BLOCKS) -> pd.DataFrame:
+    return pd.DataFrame([{"variant": v, "arch": a, "role": "lookup", "sweep": False, "blocks_per_sm": b,
+                          "registers": 48} for a, per in blocks.items() for v, b in per.items()])
+
+
+def group() -> click.Group:
+    """The commands on a group like characterize's main (domain errors -> messages)."""
+    g = Group()
+    g.add_command(predict_cmd)
+    g.add_command(calibrate_cmd)
+    return g
+
+
+@pytest.fixture(autouse=True)
+def no_stored_calibration(tmp_path, monkeypatch):
+    monkeypatch.setenv("CHARACTERIZE_CALIBRATION", str(tmp_path / "calibration"))
+
+
+def test_a_trace_of_one_row_hits_l2():
+    df = M.predict(SMALL, ["one-item"], ["base", "l2p", "warp"], ["sm_80", "sm_90"], static=static())
+    assert (df["l2_hit_rate_pct"] > 99).all()
+    assert (df["l1_hit_rate_pct"] > 90).all()   # and mostly the SM's own L1
+    assert set(df["constants"]) == {"default"}
+
+
+def test_uniform_trace_over_a_table_100x_the_l2_misses():
+    E = 100 * gpu_spec("sm_80").l2_bytes // 512
+    df = M.predict(SMALL.replace(E=E, batches=2), ["random"], ["base"], ["sm_80"], static=static())
+    assert df["l2_hit_rate_pct"].iloc[0] < 1
+
+
+def test_more_resident_warps_or_prefetch_never_slower_when_latency_bound():
+    wl = SMALL.replace(E=500_000, B=2048, batches=2)
+    times = []
+    for b in range(1, 9):
+        df = M.predict(wl, ["random"], ["base"], ["sm_80"], static=static({"sm_80": {"base": b}}))
+        assert df["bound"].iloc[0] == "latency"
+        times.append(df["time_us"].iloc[0])
+    assert all(later <= earlier for earlier, later in zip(times, times[1:])) and times[-1] < times[0]
+    rows = [M.predict(wl, ["medium"], ["rpf"], ["sm_80"], params={"rpf": {"P": P}}, static=static()).iloc[0]
+            for P in range(1, 9)]
+    assert rows[0]["bound"] == "latency" and rows[-1]["bound"] == "dram"   # prefetching reaches the roofline
+    for column in ("latency_us", "time_us"):
+        values = [r[column] for r in rows]
+        assert all(later <= earlier for earlier, later in zip(values, values[1:])), column
+
+
+def test_bandwidth_bound_predictions_never_exceed_the_peaks():
+    wl = SMALL.replace(E=2_000_000, B=2048, L=50, batches=2)
+    df = M.predict(wl, ["random", "high"], VARIANTS, ["sm_80", "sm_90"], static=static())
+    assert (df["bound"] == "dram").any()
+    for row in df.itertuples():
+        gpu = gpu_spec(row.gpu)
+        ns = row.time_us * 1000
+        assert row.dram_bytes / ns <= gpu.hbm_GBps and row.l2_bytes / ns <= gpu.l2_GBps
+
+
+def test_pinning_never_lowers_the_hit_rate():
+    """l2p/combined prefetch the hot rows before every launch. (l2w is not pinning: its
+    window is re-aimed at each table, so hot rows miss on their first read per launch
+    and its carve-out shrinks the rest of L2; it may lose to plain LRU in steady state.)"""
+    wl = SMALL.replace(E=500_000, B=1024, L=40)
+    for K, mode in ((2000, "steady"), (None, "steady"), (None, "cold")):
+        params = {} if K is None else {"l2p": {"K": K}, "combined": {"K": K}}
+        df = M.predict(wl, ["one-item", "high", "medium", "low", "random"], ["base", "l2p", "combined"],
+                       ["sm_80", "sm_90"], static=static(), params=params, mode=mode)
+        hit = df.set_index(["variant", "dataset", "gpu"])["l2_hit_rate_pct"]
+        for (v, d, g), h in hit.items():
+            assert h >= hit[("base", d, g)] - 1e-9, (K, mode, v, d, g)
+    assert (df[df["variant"] == "l2p"]["prepass_us"] > 0).all() and df[df["variant"] == "base"]["prepass_us"].isna().all()
+
+
+def test_sectors_and_capacities():
+    assert M.sectors_per_row(512) == 16
+    assert M.sectors_per_row(272) == 9          # D=68: 8.5 sectors, rows straddle
+    assert M.sectors_per_row(4) == 1
+
+
+def test_gmae_definition():
+    assert M.gmae([1.1, 0.9], [1.0, 1.0]) == pytest.approx(0.1)
+    assert M.gmae([1.2, 1.0], [1.0, 1.0]) == pytest.approx(np.sqrt(0.2 * 1e-4))  # exact points floored at 0.01%
+
+
+def test_missing_compiler_is_a_clear_error(monkeypatch):
+    import characterize.static as S
+
+    def no_nvcc(*a, **k):
+        raise ToolchainNotFound("no nvcc")
+
+    monkeypatch.setattr(S, "static_characterization", no_nvcc)
+    with pytest.raises(ToolchainNotFound, match="static="):
+        M.predict(SMALL, ["high"], ["base"], ["sm_80"])
+
+
+def _synthetic_run(tmp_path, truth: M.ModelConstants) -> RunDir:
+    """A run directory whose 'measured' times are the model's own with `truth` constants."""
+    exp = ExperimentConfig(name="synthetic", workload=WorkloadConfig(T=2, E=400_000, B=1024, L=40, batches=3),
+                           datasets=("one-item", "medium", "random"), variants=tuple(VARIANTS))
+    run = RunDir.create(tmp_path / "run", {"experiment": exp.to_dict(),
+                                           "gpu": {"name": "NVIDIA A100-SXM4-80GB", "arch": "sm_80"}})
+    run.write_table("static", static())
+    frames = [M.predict(exp.workload, exp.datasets, exp.variants, ["sm_80"], constants=truth, static=static(), mode=m)
+              for m in ("steady", "cold")]
+    for (v, d), g in pd.concat(frames).groupby(["variant", "dataset"]):
+        summary = [{"mode": r.mode, "per_table_us": r.time_us, "ci95_us": 0.01 * r.time_us} for r in g.itertuples()]
+        run.write_point("bench", v, d, {"status": "ok", "summary": summary})
+    return run
+
+
+def test_calibration_recovers_known_constants(tmp_path):
+    """Checks the fitting procedure, not the model's truth: the 'measured' run is the
+    model itself with perturbed constants, which the fit must find again."""
+    defaults = M.ModelConstants.defaults(gpu_spec("sm_80"))
+    truth = defaults.replace(l1_latency_ns=32.0, l2_latency_ns=170.0, dram_latency_ns=600.0,
+                             l2_capacity_factor=0.75, hbm_efficiency=0.7, launch_overhead_us=4.5)
+    run = _synthetic_run(tmp_path, truth)
+    cal = M.fit_run(load_run(run.path))
+    for name, want in truth.to_dict().items():
+        assert getattr(cal.constants, name) == pytest.approx(want, rel=0.05), name
+    assert cal.gmae_fitted < 0.01 < cal.gmae_default
+
+    res = CliRunner().invoke(group(), ["calibrate", str(run.path), "--json"])
+    assert res.exit_code == 0, res.output
+    stored = json.loads(res.output)
+    assert stored["gpu"] == "a100-80gb" and set(stored["constants"]) == set(truth.to_dict())
+    assert M.load_calibration("sm_80") == M.ModelConstants.from_dict(stored["constants"])
+    exp = ExperimentConfig.from_dict(load_run(run.path).meta["experiment"])
+    pred = M.predict(exp.workload, exp.datasets, exp.variants, ["sm_80"], static=static())
+    assert set(pred["constants"]) == {"calibrated"}
+    cmp = M.compare_to_measured(pred, load_run(run.path))
+    assert {"predicted_us", "measured_us", "abs_error_us", "rel_error"} <= set(cmp.columns)
+    assert M.gmae(cmp["predicted_us"], cmp["measured_us"]) < 0.02
+
+
+def test_cli_predict_json_and_table(tmp_path, monkeypatch):
+    import characterize.static as S
+
+    monkeypatch.setattr(S, "static_characterization", lambda *a, **k: static())  # no compile: fast and cache-free
+    toml = tmp_path / "tiny.toml"
+    toml.write_text('name = "tiny"\ndatasets = ["high", "random"]\nvariants = ["torch", "base", "rpf", "warp"]\n'
+                    'archs = ["sm_80"]\n[workload]\nT = 2\nE = 50000\nB = 256\nL = "20"\nbatches = 2\n')
+    res = CliRunner().invoke(group(), ["predict", str(toml), "--arch", "sm_80,h200", "--json"])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.output)
+    assert len(rows) == 2 * 4 * 2 and all(set(r) == set(PREDICT_KEYS) for r in rows)
+    assert {r["gpu"] for r in rows} == {"a100-80gb", "h200"}
+    table = CliRunner().invoke(group(), ["predict", str(toml)])
+    assert table.exit_code == 0 and "speedup_vs_base" in table.output and "modelled as base" in table.output
+    bad = CliRunner().invoke(group(), ["predict", str(toml), "--arch", "sm_70"])
+    assert bad.exit_code == 2 and "sm_70" in bad.output and "Traceback" not in bad.output
+    missing = CliRunner().invoke(group(), ["calibrate", str(tmp_path / "nowhere")])
+    assert missing.exit_code == 8 and "no such run directory" in missing.output
+
+
+def test_paper_claims_table():
+    claims = M.paper_claims(WorkloadConfig(batches=2), static=static())
+    assert list(claims.columns[:4]) == ["claim", "paper", "model", "agrees"] and len(claims) == 4
+    assert claims["agrees"].map(type).eq(bool).all()
+    assert claims["gpu"].iloc[0] == "a100-80gb"
