@@ -49,6 +49,7 @@ def write_atomic(path: Path, data: str | bytes) -> None:
             f.write(data.encode() if isinstance(data, str) else data)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; run directories are meant to be shared
         os.replace(tmp, path)
     except BaseException:
         try:
