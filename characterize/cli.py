@@ -457,6 +457,23 @@ def import_cmd(report: Path, output: Path | None, as_wide: bool, run_name: str) 
     click.echo(f"wrote {output} ({table.shape[0]} rows)")
 
 
+# -------------------------------------------------------------------- report
+@main.command()
+@click.argument("sources", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=Path("report.html"), show_default=True,
+              help="the HTML file (a directory gets report.html inside)")
+@click.option("--title", default=None, help="page title")
+def report(sources: tuple[Path, ...], output: Path, title: str | None) -> None:
+    """Self-contained HTML report of run directories and/or .ncu-rep / CSV files
+    (with two or more, later ones are also compared with the first)."""
+    from .report import render_report
+
+    start = time.perf_counter()
+    path = render_report(list(sources), output, title=title)
+    echo_err(f"rendered in {time.perf_counter() - start:.1f} s")
+    click.echo(f"report: {path}")
+
+
 # ------------------------------------------------------------------- compare
 @main.command()
 @click.argument("a", type=click.Path(exists=True, path_type=Path))
@@ -516,8 +533,10 @@ def run_cmd(experiment: str, out: Path | None, resume: bool, ncu_path: str | Non
         cols = ["dataset", "lookups", "unique_rows"] + [c for c in r.locality.columns if c.startswith("top_")] + \
             ["reuse_p50", "reuse_p90"]
         print_rows(r.locality.to_dict("records"), cols)
-    click.echo("\nsteps: " + "; ".join(f"{k}: {v}" for k, v in outcome.steps.items()))
+    click.echo("\nsteps: " + "; ".join(f"{k}: {v.splitlines()[0]}" for k, v in outcome.steps.items()))
     click.echo(f"run directory: {outcome.path}")
+    if outcome.report:
+        click.echo(f"report: {outcome.report}")
     echo_err(f"finished in {time.perf_counter() - start:.1f} s")
 
 

@@ -1,8 +1,8 @@
 """Experiment stage: one experiment end to end into a run directory.
 
 `characterize run` calls `run_experiment`: build (static characterization), trace
-locality, then on a GPU timing and Nsight Compute profiling, without one the model's
-predictions, and finally the report. Each step writes its results into the run
+locality and the model's predictions, then on a GPU timing and Nsight Compute
+profiling, and finally the report. Each step writes its results into the run
 directory as it finishes, so an interrupted run keeps everything already measured
 and `--resume` continues it.
 """
@@ -160,4 +160,12 @@ def run_experiment(exp: ExperimentConfig, out: Path | None = None, *, resume: bo
         step("bench", bench)
         step("profile", profile)
     run.update_meta(steps=outcome.steps)
+
+    def report() -> None:
+        from .report import render_report
+
+        outcome.report = render_report([path], path / "report.html")
+        progress(f"report written to {outcome.report}")
+
+    step("report", report)
     return outcome

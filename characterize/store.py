@@ -34,7 +34,7 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from .errors import RunDirError
+from .errors import CharacterizeError, RunDirError
 
 META = "meta.json"
 LOG = "log.txt"
@@ -259,23 +259,33 @@ class Run:
 
     @cached_property
     def failures(self) -> pd.DataFrame:
+        """Failed points, and profiled points whose report cannot be read."""
         rows = [{"kind": k, "variant": p["variant"], "dataset": p["dataset"], "error": p.get("error", "")}
                 for k in ("bench", "profile") for p in self.points(k) if p.get("status") != "ok"]
-        return pd.DataFrame(rows)
+        self.metrics  # noqa: B018 (reading the reports finds the unreadable ones)
+        return pd.DataFrame(rows + self.unreadable_reports)
+
+    @cached_property
+    def unreadable_reports(self) -> list[dict[str, str]]:
+        """Profiled points whose .ncu-rep is missing or damaged (found by `metrics`)."""
+        return []
 
     @cached_property
     def metrics(self) -> pd.DataFrame:
-        """Tidy ncu metrics of every profiled point (long format)."""
+        """Tidy ncu metrics of every profiled point (long format). A missing or damaged
+        report costs only its own point; it is listed in `unreadable_reports`."""
         from .extract import read_report
 
         frames = []
         for pt in self.points("profile"):
             if pt.get("status") != "ok" or not pt.get("report"):
                 continue
-            rep = self.path / pt["report"]
-            if not rep.is_file():
+            try:
+                df = read_report(self.path / pt["report"], run=self.name, allow_partial=True)
+            except CharacterizeError as e:
+                self.unreadable_reports.append({"kind": "profile report", "variant": pt["variant"],
+                                                "dataset": pt["dataset"], "error": str(e)})
                 continue
-            df = read_report(rep, run=self.name, allow_partial=True)
             # the point knows its variant/dataset even if NVTX names were lost
             df["variant"] = df["variant"].replace("", pd.NA).fillna(pt["variant"])
             df["dataset"] = df["dataset"].replace("", pd.NA).fillna(pt["dataset"])
