@@ -463,13 +463,14 @@ def import_cmd(report: Path, output: Path | None, as_wide: bool, run_name: str) 
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=Path("report.html"), show_default=True,
               help="the HTML file (a directory gets report.html inside)")
 @click.option("--title", default=None, help="page title")
-def report(sources: tuple[Path, ...], output: Path, title: str | None) -> None:
+@click.option("--no-compare", is_flag=True, help="several sources side by side, without comparison sections")
+def report(sources: tuple[Path, ...], output: Path, title: str | None, no_compare: bool) -> None:
     """Self-contained HTML report of run directories and/or .ncu-rep / CSV files
     (with two or more, later ones are also compared with the first)."""
     from .report import render_report
 
     start = time.perf_counter()
-    path = render_report(list(sources), output, title=title)
+    path = render_report(list(sources), output, title=title, compare=not no_compare)
     echo_err(f"rendered in {time.perf_counter() - start:.1f} s")
     click.echo(f"report: {path}")
 

@@ -1594,7 +1594,8 @@ def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
-def build_report(sources: Any, *, title: str | None = None, strict: bool = False) -> dict[str, Any]:
+def build_report(sources: Any, *, title: str | None = None, strict: bool = False,
+                 compare: bool = True) -> dict[str, Any]:
     """The template context of a report over `sources` (see render_report)."""
     items = list(sources) if isinstance(sources, (list, tuple)) else [sources]
     if not items:
@@ -1606,7 +1607,7 @@ def build_report(sources: Any, *, title: str | None = None, strict: bool = False
         kind = "run" if src.kind == "run" else "Nsight Compute report"
         rendered.append(RenderedSource(src.slug, src.label, kind, _sections(panels, src, strict)))
     comparisons = []
-    for i, other in enumerate(srcs[1:], 1):
+    for i, other in enumerate(srcs[1:] if compare else [], 1):
         pair = Pair(srcs[0], other, i)
         panels = [p for p in COMPARE_PANELS if p.id != "bench" or (src_is_run(pair.a) and src_is_run(pair.b))]
         comparisons.append(RenderedSource(pair.slug, pair.label, "comparison", _sections(panels, pair, strict)))
@@ -1632,26 +1633,27 @@ def _environment():
                               undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
 
 
-def report_html(sources: Any, *, title: str | None = None, strict: bool = False) -> str:
+def report_html(sources: Any, *, title: str | None = None, strict: bool = False, compare: bool = True) -> str:
     """The report as an HTML string (for notebooks: IPython.display.HTML(report_html(run)))."""
     import markupsafe
 
-    ctx = build_report(sources, title=title, strict=strict)
+    ctx = build_report(sources, title=title, strict=strict, compare=compare)
     ctx["css"] = markupsafe.Markup(ctx["css"])  # our own stylesheet, never data
     return _environment().get_template("report.html").render(**ctx)
 
 
-def render_report(sources: Any, output: str | Path, *, title: str | None = None, strict: bool = False) -> Path:
+def render_report(sources: Any, output: str | Path, *, title: str | None = None, strict: bool = False,
+                  compare: bool = True) -> Path:
     """Render one self-contained HTML report and return its path.
 
     sources: run directories or Run objects (full characterization report each) and
     ``.ncu-rep`` / ncu CSV files (generic per-kernel report each); a single source
     may be given bare. With two or more sources, each later one is also compared
-    with the first (unmatched points and kernels are listed). strict=True raises
-    the first error of a panel builder instead of showing it in the panel.
+    with the first (unmatched points and kernels are listed) unless compare=False.
+    strict=True raises the first error of a panel builder instead of showing it.
     """
     out = Path(output)
     if out.is_dir():
         out = out / "report.html"
-    write_atomic(out, report_html(sources, title=title, strict=strict))
+    write_atomic(out, report_html(sources, title=title, strict=strict, compare=compare))
     return out
