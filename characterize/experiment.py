@@ -87,7 +87,7 @@ def static_step(run: RunDir, exp: ExperimentConfig, progress: Progress = _quiet)
 def predict_step(run: RunDir, exp: ExperimentConfig, static: pd.DataFrame | None = None,
                  progress: Progress = _quiet) -> pd.DataFrame:
     """Model predictions for every variant x dataset x architecture (and the run's GPU)."""
-    from .model import predict_experiment
+    from .model import paper_claims, predict_experiment
 
     archs = list(exp.archs)
     gpu = json.loads((run.path / "meta.json").read_text()).get("gpu") or {}
@@ -96,7 +96,10 @@ def predict_step(run: RunDir, exp: ExperimentConfig, static: pd.DataFrame | None
     start = time.perf_counter()
     df = predict_experiment(exp, archs, static=static)
     run.write_table("predictions", df)
-    progress(f"model predictions for {', '.join(archs)} ({time.perf_counter() - start:.1f} s)")
+    # the model against the paper's published A100 claims (paper configuration, sm_80)
+    run.write_table("model_validation", paper_claims(static=static))
+    progress(f"model predictions for {', '.join(archs)} and the paper-claims check "
+             f"({time.perf_counter() - start:.1f} s)")
     return df
 
 

@@ -35,6 +35,7 @@ import pandas as pd
 
 from . import analyze
 from .errors import CharacterizeError, ReportError
+from .model import gmae
 from .store import Run, load_run, write_atomic
 
 __all__ = [
@@ -1227,6 +1228,11 @@ def _p_predictions(s: RunSource) -> PanelOutput:
             spec.append((head, _col(col, f, "num" if f is not _txt else "")))
     blocks.append(DetailsBlock(f"Prediction table ({len(p)} rows)", [_table(_order(p), spec,
                                                                             caption="PREDICTED by the model")]))
+    v = s.run.model_validation
+    if not v.empty:
+        vspec = [(c, _col(c, _txt)) for c in ("claim", "paper", "model", "agrees", "gpu", "constants") if c in v.columns]
+        blocks.append(_table(v, vspec, caption="The model against the MICRO 2024 paper's A100 claims (paper "
+                                               "configuration on sm_80; model PREDICTIONS vs published measurements)"))
     return PanelOutput(blocks)
 
 
@@ -1259,13 +1265,12 @@ def _p_predicted_vs_measured(s: RunSource) -> PanelOutput:
                                     f"Predicted vs measured ({mode})",
                                     f"x: {PROVENANCE[s.timing_provenance].label} ({s.timing_mode(mode)}); "
                                     f"y: {PROVENANCE['model'].label} (PREDICTION)", stamp=PREDICTION_STAMP))
-        gm = float(np.exp(np.mean(np.log(np.abs(m["error_pct"].clip(lower=-99.9)) / 100 + 1e-9)))) * 100 \
-            if len(m) else np.nan
+        gm = 100 * gmae(m["predicted_us"], m["measured_us"])
         spec = [*POINT_COLS,
                 ("measured (µs)", lambda r: Cell(fmt_ci(r["measured_us"], r["latency_ci95_us"]), "num")),
                 ("predicted (µs)", _col("predicted_us")), ("error", _col("error_pct", fmt_pct))]
         blocks.append(_table(m, spec, caption=f"{mode}: prediction against measurement",
-                             note=f"geometric mean of |error|: {gm:.1f}%"))
+                             note=f"geometric mean of |relative error| (GMAE, model.gmae): {gm:.1f}%"))
     k = s.lookup
     if not k.empty and "l2_hit_rate_pct" in p.columns and "l2_hit_rate_pct" in k.columns:
         kk = k[k.get("cache_control", pd.Series("", index=k.index)).astype(str) == "none"]
@@ -1279,8 +1284,10 @@ def _p_predicted_vs_measured(s: RunSource) -> PanelOutput:
                         ("dataset", lambda r: Cell(str(r["dataset"]), "code")),
                         ("measured L2 hit (ncu)", _col("l2_hit_rate_pct_measured", fmt_pct)),
                         ("predicted L2 hit (model)", _col("l2_hit_rate_pct_predicted", fmt_pct))]
+                gm = 100 * gmae(m["l2_hit_rate_pct_predicted"], m["l2_hit_rate_pct_measured"])
                 blocks.append(_table(_order(m), spec, caption="L2 hit rate: Nsight Compute with "
-                                     "--cache-control none against the model's PREDICTION"))
+                                     "--cache-control none against the model's PREDICTION",
+                                     note=f"geometric mean of |relative error| (GMAE): {gm:.1f}%"))
     if not blocks:
         raise Missing("no (variant, dataset) point has both a prediction and a measurement")
     return PanelOutput(blocks)

@@ -233,7 +233,13 @@ class Run:
 
     @cached_property
     def predictions(self) -> pd.DataFrame:
+        """Model predictions per variant x dataset x GPU (model stage)."""
         return self._csv("predictions")
+
+    @cached_property
+    def model_validation(self) -> pd.DataFrame:
+        """The model against the paper's A100 claims: claim, paper, model, agrees."""
+        return self._csv("model_validation")
 
     @cached_property
     def bench(self) -> pd.DataFrame:

@@ -275,7 +275,7 @@ def test_gpu_run_renders_every_section_with_provenance(gpu_html):
     bw = panel_html(html, "s1-bandwidth")
     assert "HBM peak" in bw and "2,039" in bw
     pvm = panel_html(html, "s1-predicted-vs-measured")
-    assert "geometric mean of |error|" in pvm and "PREDICTION" in pvm
+    assert "GMAE" in pvm and "PREDICTION" in pvm
     assert "killed by SIGKILL" in panel_html(html, "s1-failures")
     pngs = images(html)
     assert len(pngs) >= 12 and all(p.startswith(b"\x89PNG\r\n\x1a\n") for p in pngs)
