@@ -140,6 +140,7 @@ def profile_points(run: RunDir, exp: ExperimentConfig, points: list[tuple[str, s
     from .ncu import build_argv, export_path, ncu_version, run_ncu
 
     version = ncu_version(settings.ncu)
+    run.update_meta(ncu={"path": str(settings.ncu), "version": version})
     found = devices()
     sm = int(found[0].arch.removeprefix("sm_")) if found else None
     counts = {"ok": 0, "failed": 0}

@@ -207,6 +207,7 @@ def test_profile_orchestration_end_to_end(tmp_path, fake_ncu):
                              "chz-profile/", "--section", "LaunchStats", "--section"]
     assert argvs[0][argvs[0].index("-k") + 1] == "regex:chz_|EmbeddingBag"
     run = load_run(out)
+    assert run.meta["ncu"]["version"] == "2025.3.1.0"
     pts = run.points("profile")
     assert len(pts) == 4 and all(p["status"] == "ok" and p["cache_control"] == "none" for p in pts)
     log_text = (out / "ncu" / "l2p__medium.log").read_text()
