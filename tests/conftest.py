@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -39,3 +40,41 @@ def ncu_fixtures() -> Path:
 @pytest.fixture
 def tiny() -> WorkloadConfig:
     return WorkloadConfig.tiny()
+
+
+TINY_EXPERIMENT = """
+name = "{name}"
+description = "odd small shapes for harness and report tests"
+datasets = {datasets}
+variants = {variants}
+archs = ["sm_80"]
+maxrregcount = {caps}
+[workload]
+T = 2
+E = 1009
+D = 68
+B = 127
+L = "uniform:0:20"
+batches = 2
+seed = 7
+[bench]
+warmup = 1
+min_reps = 3
+max_reps = {max_reps}
+budget_s = {budget}
+modes = {modes}
+[profile]
+tables = 1
+warmup_batches = 1
+"""
+
+
+def write_experiment(tmp: Path, name: str = "tiny", datasets=("medium", "random"),
+                     variants=("torch", "base", "rpf", "l2p", "l2w", "warp"), modes=("steady",),
+                     caps=(48,), max_reps: int = 4, budget: float = 0.3) -> Path:
+    """A tiny experiment file (odd shapes, few repetitions) in `tmp`."""
+    p = tmp / f"{name}.toml"
+    p.write_text(TINY_EXPERIMENT.format(name=name, datasets=json.dumps(list(datasets)),
+                                        variants=json.dumps(list(variants)), caps=json.dumps(list(caps)),
+                                        max_reps=max_reps, budget=budget, modes=json.dumps(list(modes))))
+    return p

@@ -32,38 +32,12 @@ from characterize.extract import read_csv
 from characterize.report import (COMPARE_PANELS, IMPORT_PANELS, NEEDS, PROVENANCE, RUN_PANELS, Panel, render_report,
                                  report_html)
 from characterize.store import RunDir, load_run
-from tests.conftest import fixtures_dir
+from tests.conftest import fixtures_dir, write_experiment
 
 DATA = Path(__file__).parent / "data" / "ncu_csv"
 FIXTURE_REPORT = "a100_mistic_msdnew.ncu-rep"
 HOSTILE_KERNEL = "void k<float, long>(const float *, long &)"
 HOSTILE_VARIANT = "<img src=x onerror=alert(1)>"
-
-EXPERIMENT = """
-name = "{name}"
-description = "report tests: odd small shapes"
-datasets = {datasets}
-variants = {variants}
-archs = ["sm_80"]
-maxrregcount = [40, 48]
-[workload]
-T = 2
-E = 1009
-D = 68
-B = 127
-L = "uniform:0:20"
-batches = 2
-seed = 7
-[bench]
-warmup = 1
-min_reps = 3
-max_reps = 3
-budget_s = 0.2
-modes = {modes}
-[profile]
-tables = 1
-warmup_batches = 1
-"""
 
 A100 = {"name": "NVIDIA A100-SXM4-80GB", "key": "a100-80gb", "arch": "sm_80", "sm_count": 108,
         "l2_bytes": 41943040, "memory_bytes": 85899345920, "driver": "550.54.15", "cuda_runtime": "12.4",
@@ -75,10 +49,7 @@ FACTOR = {"torch": 1.05, "base": 1.0, "optmt": 0.8, "rpf": 0.7, "l2p": 0.75, "l2
 
 def experiment_file(tmp: Path, name: str = "tiny", datasets=("medium", "random"), variants=("torch", "base", "l2p"),
                     modes=("steady", "cold")) -> Path:
-    p = tmp / f"{name}.toml"
-    p.write_text(EXPERIMENT.format(name=name, datasets=json.dumps(list(datasets)), variants=json.dumps(list(variants)),
-                                   modes=json.dumps(list(modes))))
-    return p
+    return write_experiment(tmp, name, datasets, variants, modes, caps=(40, 48), max_reps=3, budget=0.2)
 
 
 def _summary(variant: str, dataset: str, mode: str) -> dict:

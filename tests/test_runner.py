@@ -21,39 +21,10 @@ from characterize.config import load_experiment
 from characterize.ncu import build_argv, export_path
 from characterize.runner import ncu_options
 from characterize.store import load_run
-from tests.conftest import HAS_GPU, fixtures_dir
-
-TINY = """
-name = "tiny"
-description = "odd small shapes for harness tests"
-datasets = {datasets}
-variants = ["torch", "base", "rpf", "l2p", "l2w", "warp"]
-archs = ["sm_80"]
-maxrregcount = [48]
-[workload]
-T = 2
-E = 1009
-D = 68
-B = 127
-L = "uniform:0:20"
-batches = 2
-seed = 7
-[bench]
-warmup = 1
-min_reps = 3
-max_reps = 4
-budget_s = 0.3
-modes = {modes}
-[profile]
-tables = 1
-warmup_batches = 1
-"""
-
+from tests.conftest import HAS_GPU, fixtures_dir, write_experiment
 
 def experiment(tmp_path: Path, datasets=("medium", "random"), modes=("steady",)) -> Path:
-    p = tmp_path / "tiny.toml"
-    p.write_text(TINY.format(datasets=json.dumps(list(datasets)), modes=json.dumps(list(modes))))
-    return p
+    return write_experiment(tmp_path, datasets=datasets, modes=modes)
 
 
 def cli(*args: object) -> subprocess.CompletedProcess:
