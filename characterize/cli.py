@@ -335,9 +335,8 @@ def _prepare(experiment: str, out: Path | None, stage: str, resume: bool, backen
     import dataclasses
 
     from .config import load_experiment
-    from .experiment import default_run_dir, run_meta
+    from .experiment import open_experiment_run
     from .hardware import require_gpu
-    from .runner import open_run
 
     exp = load_experiment(experiment)
     if overrides:
@@ -347,10 +346,7 @@ def _prepare(experiment: str, out: Path | None, stage: str, resume: bool, backen
     if datasets:
         exp = dataclasses.replace(exp, datasets=tuple(csv_list(datasets)))
     info = require_gpu() if backend == "cuda" else None
-    exp.validate(gpu=info.spec() if info else None)
-    path = out or default_run_dir(exp, info.spec().key if info else "cpu-emulation")
-    run = open_run(path, exp, run_meta(exp, path, info, backend), stage, resume)
-    return exp, run
+    return exp, open_experiment_run(exp, out, stage, resume, info, backend)
 
 
 @main.command()

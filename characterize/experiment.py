@@ -84,6 +84,12 @@ def static_step(run: RunDir, exp: ExperimentConfig, progress: Progress = _quiet)
     return df
 
 
+def _read_static(run: RunDir) -> pd.DataFrame | None:
+    """The static table the static step wrote, if it ran (the model then skips compiling)."""
+    p = run.path / "static.csv"
+    return pd.read_csv(p) if p.is_file() else None
+
+
 def predict_step(run: RunDir, exp: ExperimentConfig, static: pd.DataFrame | None = None,
                  progress: Progress = _quiet) -> pd.DataFrame:
     """Model predictions for every variant x dataset x architecture (and the run's GPU)."""
@@ -103,6 +109,18 @@ def predict_step(run: RunDir, exp: ExperimentConfig, static: pd.DataFrame | None
     return df
 
 
+def open_experiment_run(exp: ExperimentConfig, out: Path | None, stage: str, resume: bool, gpu_info,
+                        backend: str = "cuda") -> RunDir:
+    """Validate `exp` for the GPU (if any) and open its run directory for `stage`
+    (default path runs/<experiment>-<gpu>)."""
+    from .runner import open_run
+
+    exp.validate(gpu=gpu_info.spec() if gpu_info else None)
+    key = gpu_info.spec().key if gpu_info else ("cpu-emulation" if backend == "emulate" else None)
+    path = out or default_run_dir(exp, key)
+    return open_run(path, exp, run_meta(exp, path, gpu_info, backend), stage, resume)
+
+
 @dataclass
 class RunOutcome:
     path: Path
@@ -115,13 +133,12 @@ def run_experiment(exp: ExperimentConfig, out: Path | None = None, *, resume: bo
     """Run `exp` into `out`; steps that cannot run here are recorded as skipped, with why."""
     from .errors import CharacterizeError, NcuNotFound, ToolchainNotFound
     from .hardware import devices
-    from .runner import ProfileSettings, bench_points, open_run, pending_points, profile_points
+    from .runner import ProfileSettings, bench_points, pending_points, profile_points
 
     found = devices()
     info = found[0] if found else None
-    exp.validate(gpu=info.spec() if info else None)
-    path = out or default_run_dir(exp, info.spec().key if info else None)
-    run = open_run(path, exp, run_meta(exp, path, info), "bench", resume)
+    run = open_experiment_run(exp, out, "bench", resume, info)
+    path = run.path
     outcome = RunOutcome(path)
     run.log(f"run {exp.name} ({'GPU ' + info.name if info else 'no GPU'})")
 
@@ -139,10 +156,9 @@ def run_experiment(exp: ExperimentConfig, out: Path | None = None, *, resume: bo
             outcome.steps[name] = "done"
         run.log(f"{name}: {outcome.steps[name]} ({time.perf_counter() - start:.1f} s)")
 
-    static: dict[str, pd.DataFrame] = {}
-    step("static", lambda: static.update(df=static_step(run, exp, progress)))
+    step("static", lambda: static_step(run, exp, progress))
     step("locality", lambda: locality_step(run, exp, progress))
-    step("predict", lambda: predict_step(run, exp, static.get("df"), progress))
+    step("predict", lambda: predict_step(run, exp, _read_static(run), progress))
     if info is None:
         for s in ("bench", "profile"):
             outcome.steps[s] = "skipped: no CUDA GPU on this machine"

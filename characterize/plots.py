@@ -320,18 +320,25 @@ def _point_labels(df: pd.DataFrame) -> list[str]:
     return [f"{_text(v, 14)} · {_short(d, 14)}" for v, d in zip(df["variant"], df["dataset"])]
 
 
-def occupancy_figure(k: pd.DataFrame, title: str) -> Figure:
-    """Achieved vs theoretical occupancy per profiled lookup kernel (variant x dataset)."""
-    d = k
-    fig, ax = _figure(3.4)
-    x = np.arange(len(d))
-    ax.bar(x - 0.2, d["theoretical_occupancy_pct"], 0.4, label="theoretical", color="#aec7e8")
-    ax.bar(x + 0.2, d["achieved_occupancy_pct"], 0.4, label="achieved", color="#1f77b4")
-    ax.set_xticks(x, _point_labels(d), rotation=30, ha="right")
+def _paired_bars(k: pd.DataFrame, title: str, ylabel: str, bars: tuple[tuple[str, str, str], ...],
+                 height: float = 3.4) -> Figure:
+    """Two bars per profiled lookup kernel (variant x dataset): (column, label, color) each."""
+    fig, ax = _figure(height)
+    x = np.arange(len(k))
+    for offset, (col, label, color) in zip((-0.2, 0.2), bars):
+        ax.bar(x + offset, k[col], 0.4, label=label, color=color)
+    ax.set_xticks(x, _point_labels(k), rotation=30, ha="right")
     ax.set_ylim(0, 105)
-    _style(ax, title, "occupancy (% of max warps per SM)")
+    _style(ax, title, ylabel)
     _legend(ax, loc="lower right", bbox_to_anchor=(1.0, 1.0), ncols=2)
     return fig
+
+
+def occupancy_figure(k: pd.DataFrame, title: str) -> Figure:
+    """Achieved vs theoretical occupancy per profiled lookup kernel (variant x dataset)."""
+    return _paired_bars(k, title, "occupancy (% of max warps per SM)",
+                        (("theoretical_occupancy_pct", "theoretical", "#aec7e8"),
+                         ("achieved_occupancy_pct", "achieved", "#1f77b4")))
 
 
 def stall_figure(stalls: pd.DataFrame, title: str, top: int = 8) -> Figure:
@@ -363,15 +370,8 @@ def stall_figure(stalls: pd.DataFrame, title: str, top: int = 8) -> Figure:
 
 def hit_rate_figure(k: pd.DataFrame, title: str) -> Figure:
     """L1 and L2 sector hit rates per profiled lookup kernel (variant x dataset)."""
-    fig, ax = _figure(3.4)
-    x = np.arange(len(k))
-    ax.bar(x - 0.2, k["l1_hit_rate_pct"], 0.4, label="L1/TEX hit rate", color="#98df8a")
-    ax.bar(x + 0.2, k["l2_hit_rate_pct"], 0.4, label="L2 hit rate", color="#2ca02c")
-    ax.set_xticks(x, _point_labels(k), rotation=30, ha="right")
-    ax.set_ylim(0, 105)
-    _style(ax, title, "sector hit rate (%)")
-    _legend(ax, loc="lower right", bbox_to_anchor=(1.0, 1.0), ncols=2)
-    return fig
+    return _paired_bars(k, title, "sector hit rate (%)", (("l1_hit_rate_pct", "L1/TEX hit rate", "#98df8a"),
+                                                          ("l2_hit_rate_pct", "L2 hit rate", "#2ca02c")))
 
 
 def dram_figure(k: pd.DataFrame, title: str) -> Figure:
