@@ -10,7 +10,7 @@ import time
 
 def timed(env: dict) -> float:
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "characterize.cli", "build", "--arch", "sm_80,sm_90", "--json"], env=env,
+    subprocess.run([sys.executable, "-m", "characterize.cli.base", "build", "--arch", "sm_80,sm_90", "--json"], env=env,
                    check=True, capture_output=True)
     return time.perf_counter() - start
 

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # a script run from a checkout, not an installed package
     sys.path.insert(0, str(ROOT))
 
-from characterize.extract import read_report  # noqa: E402
+from characterize.extract.ncu_rep import read_report  # noqa: E402
 
 TARGET_RATIO = 2.0
 

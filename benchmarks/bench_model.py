@@ -6,9 +6,10 @@ cold cache)."""
 
 import time
 
-from characterize.config import load_experiment
-from characterize.model import predict_experiment
-from characterize.workloads import generate_stream, reuse_distances
+from characterize.analysis.model.predict import predict_experiment
+from characterize.pipeline import load_experiment
+from characterize.workloads.locality import reuse_distances
+from characterize.workloads.traces import generate_stream
 
 
 def main() -> None:

@@ -2,7 +2,8 @@
 
 import time
 
-from characterize.workloads import generate_stream, locality_stats, reuse_distances
+from characterize.workloads.locality import locality_stats, reuse_distances
+from characterize.workloads.traces import generate_stream
 
 
 def main() -> None:

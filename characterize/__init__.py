@@ -18,22 +18,27 @@ __version__ = "0.1.0"
 _API = {
     # runs and experiments
     "load_run": "store", "list_runs": "store", "Run": "store",
-    "load_experiment": "config", "ExperimentConfig": "config", "WorkloadConfig": "config", "Pooling": "config",
-    "run_experiment": "experiment",
+    "load_experiment": "pipeline", "run_experiment": "pipeline", "predict": "pipeline", "calibrate": "pipeline",
+    "ExperimentConfig": "config", "WorkloadConfig": "config", "Pooling": "config",
     # workloads
-    "generate": "workloads", "generate_stream": "workloads", "load_trace": "workloads", "load_dataset": "workloads",
-    "locality_stats": "workloads", "reuse_distances": "workloads", "PRESETS": "workloads",
+    "generate": "workloads.traces", "generate_stream": "workloads.traces", "load_trace": "workloads.traces",
+    "load_dataset": "workloads.traces", "write_trace": "workloads.traces", "PRESETS": "workloads.presets",
+    "HOTNESS_ORDER": "workloads.presets", "locality_stats": "workloads.locality",
+    "reuse_distances": "workloads.locality", "source_locality": "workloads.locality",
     # kernels and static characterization
-    "VARIANTS": "kernels", "run_variant": "kernels", "bind": "kernels", "check_variants": "check",
-    "static_characterization": "static", "default_register_cap": "static", "theoretical_occupancy": "occupancy",
+    "VARIANTS": "kernels.registry", "VARIANT_ORDER": "kernels.registry", "run_variant": "kernels.library",
+    "bind": "kernels.library", "check_variants": "kernels.check", "static_characterization": "kernels.static",
+    "default_register_cap": "kernels.static", "theoretical_occupancy": "kernels.occupancy",
     "ARCHS": "hardware", "GPUS": "hardware", "gpu_spec": "hardware", "devices": "hardware",
     # extraction and analysis
-    "read_report": "extract", "read_csv": "extract", "read_any": "extract", "wide": "extract",
-    "rule_results": "extract", "speedups": "analyze", "headline": "analyze", "stall_breakdown": "analyze",
-    "compare_runs": "analyze",
-    # model and report
-    "predict": "model", "predict_experiment": "model", "calibrate": "model", "load_calibration": "model",
-    "compare_to_measured": "model", "gmae": "model", "paper_claims": "model", "render_report": "report",
+    "read_report": "extract.ncu_rep", "read_csv": "extract.ncu_csv", "read_any": "extract.read", "wide": "extract.read",
+    "rule_results": "extract.rules", "speedups": "analysis.compare", "headline": "analysis.compare",
+    "stall_breakdown": "analysis.compare", "compare_runs": "analysis.compare", "compare_sources": "analysis.compare",
+    "gmae": "analysis.calibrate", "compare_to_measured": "analysis.calibrate", "fit_run": "analysis.calibrate",
+    "load_calibration": "analysis.calibrate", "predict_experiment": "analysis.model.predict",
+    "paper_claims": "analysis.claims", "PAPER_CLAIMS": "analysis.claims",
+    # report
+    "render_report": "report.render",
 }
 
 __all__ = sorted(_API) + ["__version__"]

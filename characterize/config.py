@@ -4,7 +4,7 @@ T tables of E rows of D elements; a batch has B bags per table; a bag pools L
 lookups (fixed or drawn from a distribution). The defaults reproduce the MICRO 2024
 paper's embedding stage (T=12, E=500000, D=128, L=150, B=2048, fp32, sum). An
 experiment adds datasets, variants, architectures and measurement settings, and is
-read from a small TOML file under profiles/.
+read from a small TOML file (the named ones ship in characterize/experiments/).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from .errors import ConfigError, GpuMemoryError
+from characterize.errors import ConfigError, GpuMemoryError
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -134,10 +134,10 @@ class WorkloadConfig:
         return self.T * (self.table_bytes + per_table) + self.table_bytes + outputs
 
     # ---------------------------------------------------------------- checking
-    def validate(self, gpu: Any = None, variants: Iterable[str] = ()) -> "WorkloadConfig":
-        """Raise ConfigError for impossible values, UnsupportedShape-style ConfigError
-        when a requested variant cannot run D, GpuMemoryError when `gpu` (a GpuSpec)
-        cannot hold the workload."""
+    def validate(self, gpu: Any = None) -> "WorkloadConfig":
+        """Raise ConfigError for impossible values, GpuMemoryError when `gpu` (a GpuSpec)
+        cannot hold the workload. Whether each variant can run D is the pipeline's check
+        (`pipeline.check_experiment`), since the variant registry sits above config."""
         for name in ("T", "E", "D", "B", "batches"):
             value = getattr(self, name)
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value <= 0:
@@ -149,11 +149,6 @@ class WorkloadConfig:
         self.L.validate()
         if self.E >= 2**62 or self.E * self.D >= 2**62:
             raise ConfigError("E x D does not fit 64-bit indexing")
-        if variants:
-            from .kernels import get_variant  # late import: kernels depends on config
-
-            for v in variants:
-                get_variant(v).check_shape(self.D)
         if gpu is not None:
             need = self.device_bytes()
             if need > gpu.memory_bytes:
@@ -191,6 +186,10 @@ class WorkloadConfig:
         return cls(T=2, E=1009, D=68, B=127, L=Pooling("uniform", 10.0, 0, 20), batches=2, seed=7)
 
 
+#: architectures an experiment characterizes statically unless it names others
+DEFAULT_ARCHS: tuple[str, ...] = ("sm_80", "sm_90")
+
+
 @dataclass(frozen=True)
 class BenchConfig:
     """How `characterize bench` times each point with CUDA events."""
@@ -217,7 +216,7 @@ class BenchConfig:
 class ProfileConfig:
     """How `characterize profile` runs each point under Nsight Compute."""
 
-    metric_set: str = "default"   # a name in characterize.ncu.METRIC_SETS
+    metric_set: str = "default"   # a name in characterize.measure.ncu.METRIC_SETS
     cache_control: str = "none"   # none keeps L2 contents between kernels (needed for L2 pinning)
     clock_control: str = "base"   # base locks clocks for comparable numbers
     replay_mode: str = "kernel"
@@ -243,35 +242,24 @@ class ExperimentConfig:
     name: str = "paper"
     description: str = "The MICRO 2024 paper's matrix"
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
-    datasets: tuple[str, ...] = ("one-item", "high", "medium", "low", "random")
-    variants: tuple[str, ...] = ("torch", "base", "optmt", "rpf", "l2p", "l2w", "combined", "warp")
+    datasets: tuple[str, ...] = ()                    # empty: every hotness preset, in order
+    variants: tuple[str, ...] = ()                    # empty: every public variant, in order
     params: dict[str, dict[str, Any]] = field(default_factory=dict)  # per-variant overrides
-    archs: tuple[str, ...] = ("sm_80", "sm_90")       # static characterization targets
+    archs: tuple[str, ...] = DEFAULT_ARCHS            # static characterization targets
     maxrregcount: tuple[int, ...] = (32, 40, 42, 48, 64)  # register sweep caps
     bench: BenchConfig = field(default_factory=BenchConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     source: str = ""                                   # the file it was read from
 
     def validate(self, gpu: Any = None) -> "ExperimentConfig":
-        from .hardware import normalize_arch
-        from .kernels import get_variant
-        from .workloads import parse_dataset
-
+        """Structural checks of the experiment's own values; names of datasets, variants,
+        parameters and architectures are checked against their registries by
+        `pipeline.check_experiment`."""
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", self.name):
             raise ConfigError(f"experiment name {self.name!r} may hold only letters, digits, '.', '_' and '-'")
-        if not self.datasets or not self.variants:
-            raise ConfigError("an experiment needs at least one dataset and one variant")
-        for d in self.datasets:
-            parse_dataset(d)
-        for v in self.variants:
-            get_variant(v)
-        for v, p in self.params.items():
-            get_variant(v).resolve_params(p, arch=None)
-        for a in self.archs:
-            normalize_arch(a)
         if any(c <= 0 for c in self.maxrregcount):
             raise ConfigError("maxrregcount values must be positive")
-        self.workload.validate(gpu=gpu, variants=self.variants)
+        self.workload.validate(gpu=gpu)
         self.bench.validate()
         self.profile.validate()
         return self
@@ -315,13 +303,27 @@ def _sub(cls: type, value: dict[str, Any], source: str) -> Any:
     return cls(**value)
 
 
+def parse_param_overrides(items: Iterable[str]) -> dict[str, dict[str, int]]:
+    """['rpf.P=4', 'optmt.maxrregcount=42'] -> {'rpf': {'P': 4}, 'optmt': {'maxrregcount': 42}}."""
+    out: dict[str, dict[str, int]] = {}
+    for item in items:
+        try:
+            key, value = item.split("=", 1)
+            variant, name = key.split(".", 1)
+            out.setdefault(variant.strip(), {})[name.strip()] = int(value)
+        except ValueError:
+            raise ConfigError(f"bad parameter {item!r}: use VARIANT.NAME=INTEGER, e.g. rpf.P=4") from None
+    return out
+
+
 def experiments_dir() -> Path:
-    """profiles/ of the source tree, where experiment files and recorded runs live."""
-    return Path(__file__).resolve().parent.parent / "profiles"
+    """The named experiments shipped with the package (characterize/experiments/*.toml)."""
+    return Path(__file__).resolve().parent / "experiments"
 
 
-def load_experiment(name_or_path: str | None = None) -> ExperimentConfig:
-    """Read an experiment: a TOML path, or a name under profiles/ ('paper', 'quick')."""
+def read_experiment(name_or_path: str | None = None) -> ExperimentConfig:
+    """Read an experiment: a TOML path, or a name shipped in characterize/experiments/ ('paper', 'quick').
+    Only its structure is checked here; `pipeline.load_experiment` also checks its names."""
     target = name_or_path or "paper"
     path = Path(target)
     if not path.suffix:

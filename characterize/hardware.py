@@ -14,7 +14,7 @@ import dataclasses
 import re
 from dataclasses import dataclass, field
 
-from .errors import ConfigError, NoCudaDevice
+from characterize.errors import ConfigError, NoCudaDevice
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -56,7 +56,7 @@ ARCHS: dict[str, ArchSpec] = {
 
 
 _MODEL_SRC = (
-    "performance-model defaults (characterize.model; `characterize calibrate` replaces them per GPU): "
+    "performance-model defaults (characterize.analysis.model.constants; `characterize calibrate` replaces them per GPU): "
     "L1 data = unified L1/shared per SM (A100 192 KB, H100 256 KB, GA10x/AD10x 128 KB; NVIDIA whitepapers) "
     "minus the 32 KiB shared-memory carve-out that ncu reports (launch__shared_mem_config_size) for kernels "
     "without shared memory on A100 and H800; L1 hit ~33-40 cycles at boost clock (Jia et al. 2018 Volta "
@@ -102,6 +102,14 @@ class GpuSpec:
     hbm_efficiency: float = 0.85        # achievable fraction of hbm_GBps for row gathers
     launch_overhead_us: float = 3.0     # per back-to-back kernel launch
     model_sources: str = _MODEL_SRC
+
+    def rows_in_l2(self, row_bytes: int) -> int:
+        """Table rows of `row_bytes` that fit the whole L2."""
+        return self.l2_bytes // row_bytes
+
+    def rows_in_persisting_l2(self, row_bytes: int) -> int:
+        """Table rows that fit the persisting-L2 set-aside: the default hot-row count K."""
+        return max(1, self.max_persisting_l2_bytes // row_bytes)
 
     @property
     def archspec(self) -> ArchSpec:
@@ -151,6 +159,9 @@ _add(GpuSpec("h200", "NVIDIA H200", "sm_90", 132, 50 * MiB, int(37.5 * MiB), 141
              l1_data_bytes=224 * KiB, l1_latency_ns=20.0))
 
 #: the representative GPU for each architecture key
+#: the paper's GPU (A100): what CPU emulation sizes its L2 after and the claims are checked on
+REFERENCE_ARCH = "sm_80"
+
 DEFAULT_GPU = {"sm_80": "a100-80gb", "sm_86": "a10", "sm_89": "l4", "sm_90": "h100-sxm"}
 
 

@@ -30,11 +30,13 @@ import tempfile
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import pandas as pd
 
-from .errors import CharacterizeError, RunDirError
+from characterize.errors import CharacterizeError, RunDirError
+from characterize.extract.ncu_rep import read_report
+from characterize.extract.read import wide
 
 META = "meta.json"
 LOG = "log.txt"
@@ -280,8 +282,6 @@ class Run:
     def metrics(self) -> pd.DataFrame:
         """Tidy ncu metrics of every profiled point (long format). A missing or damaged
         report costs only its own point; it is listed in `unreadable_reports`."""
-        from .extract import read_report
-
         frames = []
         for pt in self.points("profile"):
             if pt.get("status") != "ok" or not pt.get("report"):
@@ -303,8 +303,6 @@ class Run:
     @cached_property
     def kernels(self) -> pd.DataFrame:
         """One row per profiled kernel with friendly metric columns (extract.wide)."""
-        from .extract import wide
-
         m = self.metrics
         if m.empty:
             return pd.DataFrame()

@@ -4,8 +4,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from characterize.analyze import compare_runs, headline, slowdown_random_vs_one_item, speedups
-from characterize.timing import summarize, t95
+from characterize.analysis.compare import (
+    compare_runs,
+    headline,
+    slowdown_random_vs_one_item,
+    speedups,
+)
+from characterize.measure.timing import summarize, t95
 
 
 def test_summarize_small_and_stable_samples():

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from characterize.report import render_report
+from characterize.report.render import render_report
 from tests.test_report import HOSTILE_KERNEL, hostile_csv, make_gpu_run, profile_fixture
 
 ARTIFACTS = Path(__file__).parent / "artifacts"

@@ -1,11 +1,17 @@
 import shutil
-from pathlib import Path
 
 import pytest
 
-from characterize import build as B
-from characterize.build import BuildSpec, build, build_many, demangle, find_nvcc, parse_ptxas
 from characterize.errors import BuildError, ToolchainNotFound
+from characterize.kernels import build as B
+from characterize.kernels.build import (
+    BuildSpec,
+    build,
+    build_many,
+    demangle,
+    find_nvcc,
+    parse_ptxas,
+)
 
 # ptxas -v output as nvcc 13 prints it (captured from a real build of this family)
 PTXAS_LOG = """\

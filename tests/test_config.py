@@ -1,8 +1,9 @@
 import pytest
 
-from characterize.config import ExperimentConfig, Pooling, WorkloadConfig, load_experiment
+from characterize.config import ExperimentConfig, Pooling, WorkloadConfig
 from characterize.errors import ConfigError, GpuMemoryError, UnsupportedShape
 from characterize.hardware import gpu_spec
+from characterize.pipeline import check_experiment, load_experiment
 
 
 def test_default_is_the_paper():
@@ -45,8 +46,8 @@ def test_pooling_parse_errors(spec):
 
 def test_variant_shape_refusal_named():
     with pytest.raises(UnsupportedShape, match="warp.*multiple of 4"):
-        WorkloadConfig(D=33).validate(variants=["base", "warp"])
-    WorkloadConfig(D=33).validate(variants=["base", "rpf"])
+        check_experiment(ExperimentConfig(workload=WorkloadConfig(D=33), variants=("base", "warp")))
+    check_experiment(ExperimentConfig(workload=WorkloadConfig(D=33), variants=("base", "rpf")))
 
 
 def test_memory_beyond_gpu():

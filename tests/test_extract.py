@@ -18,19 +18,18 @@ import pandas as pd
 import pytest
 
 from characterize.errors import ReportError
-from characterize.extract import (
+from characterize.extract.ncu_csv import read_csv
+from characterize.extract.ncu_rep import read_report
+from characterize.extract.read import read_any, wide
+from characterize.extract.rules import rule_results
+from characterize.extract.schema import (
     TIDY_COLUMNS,
     WIDE_METRICS,
     _nvtx_fields,
     _report_nvtx_stack,
     normalize_unit,
     parse_nvtx_convention,
-    read_any,
-    read_csv,
-    read_report,
-    rule_results,
     short_function_name,
-    wide,
 )
 
 FIXTURES = Path(

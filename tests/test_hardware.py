@@ -1,7 +1,16 @@
 import pytest
 
 from characterize.errors import ConfigError, NoCudaDevice
-from characterize.hardware import ARCHS, DEFAULT_GPU, GPUS, devices, gpu_spec, normalize_arch, parse_archs, require_gpu
+from characterize.hardware import (
+    ARCHS,
+    DEFAULT_GPU,
+    GPUS,
+    devices,
+    gpu_spec,
+    normalize_arch,
+    parse_archs,
+    require_gpu,
+)
 from tests.conftest import HAS_GPU
 
 

@@ -7,13 +7,18 @@ import numpy as np
 import pytest
 import torch
 
-from characterize.build import BuildSpec
-from characterize.check import check_one, check_variants, expected_bags
 from characterize.config import Pooling, WorkloadConfig
 from characterize.errors import ConfigError, NoCudaDevice, UnsupportedShape
-from characterize.kernels import (VARIANTS, bind, get_variant, hot_rows_by_frequency, load_library, run_variant,
-                                  warp_group)
-from characterize.workloads import generate
+from characterize.kernels.build import BuildSpec
+from characterize.kernels.check import check_one, check_variants, expected_bags
+from characterize.kernels.library import (
+    bind,
+    hot_rows_by_frequency,
+    load_library,
+    run_variant,
+)
+from characterize.kernels.registry import VARIANTS, get_variant, warp_group
+from characterize.workloads.traces import generate
 from tests.conftest import HAS_GPU
 
 PUBLIC = [n for n, v in VARIANTS.items() if not v.test_only]
@@ -171,9 +176,9 @@ def test_l2_window_is_applied_then_device_and_stream_state_restored():
 
 def test_parameter_validation():
     with pytest.raises(ConfigError, match="P must be"):
-        get_variant("rpf").resolve_params({"P": 9}, None)
+        get_variant("rpf").resolve_params({"P": 9})
     with pytest.raises(ConfigError, match="no parameter"):
-        get_variant("base").resolve_params({"P": 2}, None)
+        get_variant("base").resolve_params({"P": 2})
     with pytest.raises(ConfigError, match="unknown variant"):
         get_variant("fastest")
 
@@ -202,8 +207,8 @@ def test_every_variant_on_the_gpu(preset):
 @pytest.mark.gpu
 def test_runtime_occupancy_matches_static():
     from characterize.hardware import ARCHS
-    from characterize.occupancy import theoretical_occupancy
-    from characterize.build import build
+    from characterize.kernels.build import build
+    from characterize.kernels.occupancy import theoretical_occupancy
 
     major, minor = torch.cuda.get_device_capability()
     arch = f"sm_{major}{minor}"

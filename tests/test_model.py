@@ -15,11 +15,18 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from characterize import model as M
-from characterize.cli import Group
-from characterize.cli_model import PREDICT_KEYS, calibrate as calibrate_cmd, predict as predict_cmd
+from characterize import pipeline
+from characterize.analysis import calibrate as C
+from characterize.analysis import claims as CL
+from characterize.analysis.model import locality as LOC
+from characterize.analysis.model import predict as MP
+from characterize.analysis.model.constants import ModelConstants
+from characterize.cli.base import Group
+from characterize.cli.model import PREDICT_KEYS
+from characterize.cli.model import calibrate as calibrate_cmd
+from characterize.cli.model import predict as predict_cmd
 from characterize.config import ExperimentConfig, WorkloadConfig
-from characterize.errors import ToolchainNotFound
+from characterize.errors import ConfigError, ToolchainNotFound
 from characterize.hardware import gpu_spec
 from characterize.store import RunDir, load_run
 
@@ -49,7 +56,7 @@ def no_stored_calibration(tmp_path, monkeypatch):
 
 
 def test_a_trace_of_one_row_hits_l2():
-    df = M.predict(SMALL, ["one-item"], ["base", "l2p", "warp"], ["sm_80", "sm_90"], static=static())
+    df = MP.predict(SMALL, ["one-item"], ["base", "l2p", "warp"], ["sm_80", "sm_90"], static=static())
     assert (df["l2_hit_rate_pct"] > 99).all()
     assert (df["l1_hit_rate_pct"] > 90).all()   # and mostly the SM's own L1
     assert set(df["constants"]) == {"default"}
@@ -57,7 +64,7 @@ def test_a_trace_of_one_row_hits_l2():
 
 def test_uniform_trace_over_a_table_100x_the_l2_misses():
     E = 100 * gpu_spec("sm_80").l2_bytes // 512
-    df = M.predict(SMALL.replace(E=E, batches=2), ["random"], ["base"], ["sm_80"], static=static())
+    df = MP.predict(SMALL.replace(E=E, batches=2), ["random"], ["base"], ["sm_80"], static=static())
     assert df["l2_hit_rate_pct"].iloc[0] < 1
 
 
@@ -65,11 +72,11 @@ def test_more_resident_warps_or_prefetch_never_slower_when_latency_bound():
     wl = SMALL.replace(E=500_000, B=2048, batches=2)
     times = []
     for b in range(1, 9):
-        df = M.predict(wl, ["random"], ["base"], ["sm_80"], static=static({"sm_80": {"base": b}}))
+        df = MP.predict(wl, ["random"], ["base"], ["sm_80"], static=static({"sm_80": {"base": b}}))
         assert df["bound"].iloc[0] == "latency"
         times.append(df["time_us"].iloc[0])
     assert all(later <= earlier for earlier, later in zip(times, times[1:])) and times[-1] < times[0]
-    rows = [M.predict(wl, ["medium"], ["rpf"], ["sm_80"], params={"rpf": {"P": P}}, static=static()).iloc[0]
+    rows = [MP.predict(wl, ["medium"], ["rpf"], ["sm_80"], params={"rpf": {"P": P}}, static=static()).iloc[0]
             for P in range(1, 9)]
     assert rows[0]["bound"] == "latency" and rows[-1]["bound"] == "dram"   # prefetching reaches the roofline
     for column in ("latency_us", "time_us"):
@@ -79,7 +86,7 @@ def test_more_resident_warps_or_prefetch_never_slower_when_latency_bound():
 
 def test_bandwidth_bound_predictions_never_exceed_the_peaks():
     wl = SMALL.replace(E=2_000_000, B=2048, L=50, batches=2)
-    df = M.predict(wl, ["random", "high"], VARIANTS, ["sm_80", "sm_90"], static=static())
+    df = MP.predict(wl, ["random", "high"], VARIANTS, ["sm_80", "sm_90"], static=static())
     assert (df["bound"] == "dram").any()
     for row in df.itertuples():
         gpu = gpu_spec(row.gpu)
@@ -94,7 +101,7 @@ def test_pinning_never_lowers_the_hit_rate():
     wl = SMALL.replace(E=500_000, B=1024, L=40)
     for K, mode in ((2000, "steady"), (None, "steady"), (None, "cold")):
         params = {} if K is None else {"l2p": {"K": K}, "combined": {"K": K}}
-        df = M.predict(wl, ["one-item", "high", "medium", "low", "random"], ["base", "l2p", "combined"],
+        df = MP.predict(wl, ["one-item", "high", "medium", "low", "random"], ["base", "l2p", "combined"],
                        ["sm_80", "sm_90"], static=static(), params=params, mode=mode)
         hit = df.set_index(["variant", "dataset", "gpu"])["l2_hit_rate_pct"]
         for (v, d, g), h in hit.items():
@@ -103,35 +110,37 @@ def test_pinning_never_lowers_the_hit_rate():
 
 
 def test_sectors_and_capacities():
-    assert M.sectors_per_row(512) == 16
-    assert M.sectors_per_row(272) == 9          # D=68: 8.5 sectors, rows straddle
-    assert M.sectors_per_row(4) == 1
+    assert LOC.sectors_per_row(512) == 16
+    assert LOC.sectors_per_row(272) == 9          # D=68: 8.5 sectors, rows straddle
+    assert LOC.sectors_per_row(4) == 1
 
 
 def test_gmae_definition():
-    assert M.gmae([1.1, 0.9], [1.0, 1.0]) == pytest.approx(0.1)
-    assert M.gmae([1.2, 1.0], [1.0, 1.0]) == pytest.approx(np.sqrt(0.2 * 1e-4))  # exact points floored at 0.01%
+    assert C.gmae([1.1, 0.9], [1.0, 1.0]) == pytest.approx(0.1)
+    assert C.gmae([1.2, 1.0], [1.0, 1.0]) == pytest.approx(np.sqrt(0.2 * 1e-4))  # exact points floored at 0.01%
 
 
-def test_missing_compiler_is_a_clear_error(monkeypatch):
-    import characterize.static as S
+def test_the_model_never_compiles_and_the_pipeline_says_what_is_missing(monkeypatch):
+    with pytest.raises(ConfigError, match="static="):
+        MP.predict(SMALL, ["high"], ["base"], ["sm_80"])
 
     def no_nvcc(*a, **k):
         raise ToolchainNotFound("no nvcc")
 
-    monkeypatch.setattr(S, "static_characterization", no_nvcc)
-    with pytest.raises(ToolchainNotFound, match="static="):
-        M.predict(SMALL, ["high"], ["base"], ["sm_80"])
+    monkeypatch.setattr(pipeline, "static_characterization", no_nvcc)
+    exp = pipeline.check_experiment(ExperimentConfig(workload=SMALL, datasets=("high",), variants=("base",)))
+    with pytest.raises(ToolchainNotFound, match="static.csv"):
+        pipeline.predict(exp, ["sm_80"])
 
 
-def _synthetic_run(tmp_path, truth: M.ModelConstants) -> RunDir:
+def _synthetic_run(tmp_path, truth: ModelConstants) -> RunDir:
     """A run directory whose 'measured' times are the model's own with `truth` constants."""
     exp = ExperimentConfig(name="synthetic", workload=WorkloadConfig(T=2, E=400_000, B=1024, L=40, batches=3),
                            datasets=("one-item", "medium", "random"), variants=tuple(VARIANTS))
     run = RunDir.create(tmp_path / "run", {"experiment": exp.to_dict(),
                                            "gpu": {"name": "NVIDIA A100-SXM4-80GB", "arch": "sm_80"}})
     run.write_table("static", static())
-    frames = [M.predict(exp.workload, exp.datasets, exp.variants, ["sm_80"], constants=truth, static=static(), mode=m)
+    frames = [MP.predict(exp.workload, exp.datasets, exp.variants, ["sm_80"], constants=truth, static=static(), mode=m)
               for m in ("steady", "cold")]
     for (v, d), g in pd.concat(frames).groupby(["variant", "dataset"]):
         summary = [{"mode": r.mode, "per_table_us": r.time_us, "ci95_us": 0.01 * r.time_us} for r in g.itertuples()]
@@ -142,11 +151,11 @@ def _synthetic_run(tmp_path, truth: M.ModelConstants) -> RunDir:
 def test_calibration_recovers_known_constants(tmp_path):
     """Checks the fitting procedure, not the model's truth: the 'measured' run is the
     model itself with perturbed constants, which the fit must find again."""
-    defaults = M.ModelConstants.defaults(gpu_spec("sm_80"))
+    defaults = ModelConstants.defaults(gpu_spec("sm_80"))
     truth = defaults.replace(l1_latency_ns=32.0, l2_latency_ns=170.0, dram_latency_ns=600.0,
                              l2_capacity_factor=0.75, hbm_efficiency=0.7, launch_overhead_us=4.5)
     run = _synthetic_run(tmp_path, truth)
-    cal = M.fit_run(load_run(run.path))
+    cal = C.fit_run(load_run(run.path))
     for name, want in truth.to_dict().items():
         assert getattr(cal.constants, name) == pytest.approx(want, rel=0.05), name
     assert cal.gmae_fitted < 0.01 < cal.gmae_default
@@ -155,19 +164,17 @@ def test_calibration_recovers_known_constants(tmp_path):
     assert res.exit_code == 0, res.output
     stored = json.loads(res.output)
     assert stored["gpu"] == "a100-80gb" and set(stored["constants"]) == set(truth.to_dict())
-    assert M.load_calibration("sm_80") == M.ModelConstants.from_dict(stored["constants"])
+    assert C.load_calibration("sm_80") == ModelConstants.from_dict(stored["constants"])
     exp = ExperimentConfig.from_dict(load_run(run.path).meta["experiment"])
-    pred = M.predict(exp.workload, exp.datasets, exp.variants, ["sm_80"], static=static())
+    pred = MP.predict(exp.workload, exp.datasets, exp.variants, ["sm_80"], static=static())
     assert set(pred["constants"]) == {"calibrated"}
-    cmp = M.compare_to_measured(pred, load_run(run.path))
+    cmp = C.compare_to_measured(pred, load_run(run.path))
     assert {"predicted_us", "measured_us", "abs_error_us", "rel_error"} <= set(cmp.columns)
-    assert M.gmae(cmp["predicted_us"], cmp["measured_us"]) < 0.02
+    assert C.gmae(cmp["predicted_us"], cmp["measured_us"]) < 0.02
 
 
 def test_cli_predict_json_and_table(tmp_path, monkeypatch):
-    import characterize.static as S
-
-    monkeypatch.setattr(S, "static_characterization", lambda *a, **k: static())  # no compile: fast and cache-free
+    monkeypatch.setattr(pipeline, "static_frame", lambda *a, **k: static())  # no compile: fast and cache-free
     toml = tmp_path / "tiny.toml"
     toml.write_text('name = "tiny"\ndatasets = ["high", "random"]\nvariants = ["torch", "base", "rpf", "warp"]\n'
                     'archs = ["sm_80"]\n[workload]\nT = 2\nE = 50000\nB = 256\nL = "20"\nbatches = 2\n')
@@ -185,7 +192,7 @@ def test_cli_predict_json_and_table(tmp_path, monkeypatch):
 
 
 def test_paper_claims_table():
-    claims = M.paper_claims(WorkloadConfig(batches=2), static=static())
+    claims = CL.paper_claims(WorkloadConfig(batches=2), static=static())
     assert list(claims.columns[:4]) == ["claim", "paper", "model", "agrees"] and len(claims) == 4
     assert claims["agrees"].map(type).eq(bool).all()
     assert claims["gpu"].iloc[0] == "a100-80gb"

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from characterize.errors import ConfigError, NcuError, NcuNotFound, NcuPermissionError
-from characterize.ncu import (
+from characterize.measure.ncu import (
     METRIC_SETS,
     STALL_REASONS,
     NcuOptions,

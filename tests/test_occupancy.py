@@ -2,7 +2,7 @@ import pytest
 
 from characterize.errors import ConfigError
 from characterize.hardware import ARCHS
-from characterize.occupancy import register_steps, theoretical_occupancy
+from characterize.kernels.occupancy import register_steps, theoretical_occupancy
 
 
 @pytest.mark.parametrize("regs,blocks,pct,limiter", [

@@ -24,13 +24,16 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from characterize import report as rpt
-from characterize.config import load_experiment
 from characterize.errors import ReportError, ToolchainNotFound
-from characterize.experiment import locality_step, run_meta, static_step
-from characterize.extract import read_csv
-from characterize.report import (COMPARE_PANELS, IMPORT_PANELS, NEEDS, PROVENANCE, RUN_PANELS, Panel, render_report,
-                                 report_html)
+from characterize.extract.ncu_csv import read_csv
+from characterize.pipeline import load_experiment, locality_step, run_meta, static_step
+from characterize.report import render as rpt
+from characterize.report.layout import NEEDS, Panel
+from characterize.report.panels.compare import COMPARE_PANELS
+from characterize.report.panels.imports import IMPORT_PANELS
+from characterize.report.panels.run import RUN_PANELS
+from characterize.report.provenance import PROVENANCE
+from characterize.report.render import render_report, report_html
 from characterize.store import RunDir, load_run
 from tests.conftest import fixtures_dir, write_experiment
 

@@ -17,11 +17,12 @@ import pytest
 from click.testing import CliRunner
 
 from characterize.cli import main
-from characterize.config import load_experiment
-from characterize.ncu import build_argv, export_path
-from characterize.runner import ncu_options
+from characterize.measure.ncu import build_argv, export_path
+from characterize.measure.runner import ncu_options
+from characterize.pipeline import load_experiment
 from characterize.store import load_run
 from tests.conftest import HAS_GPU, fixtures_dir, write_experiment
+
 
 def experiment(tmp_path: Path, datasets=("medium", "random"), modes=("steady",)) -> Path:
     return write_experiment(tmp_path, datasets=datasets, modes=modes)
@@ -79,7 +80,7 @@ def _worker_pids() -> list[int]:
                 cmd = (d / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if b"characterize.worker" in cmd:
+            if b"characterize.measure.worker" in cmd:
                 pids.append(int(d.name))
     return pids
 
@@ -168,7 +169,7 @@ def test_profile_orchestration_end_to_end(tmp_path, fake_ncu):
     argvs = calls(log)
     assert len(argvs) == 4  # one ncu process per point
     exp = load_experiment(str(exp_path))
-    target = [sys.executable, "-m", "characterize.worker", "profile", str(out), "--variant", "base", "--dataset",
+    target = [sys.executable, "-m", "characterize.measure.worker", "profile", str(out), "--variant", "base", "--dataset",
               "medium", "--backend", "emulate"]
     expected = build_argv(ncu, ncu_options(exp, None), export_path(out / "ncu" / "base__medium"), target)
     assert argvs[0] == expected[1:]  # the stand-in sees its arguments, not its own path
@@ -261,7 +262,7 @@ def test_import_corrupt_report(tmp_path, ncu_fixtures):
 @pytest.mark.gpu
 def test_real_bench_and_profile_of_two_variants(tmp_path):
     from characterize.errors import NcuNotFound
-    from characterize.ncu import find_ncu
+    from characterize.measure.ncu import find_ncu
 
     try:
         ncu = find_ncu()

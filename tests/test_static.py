@@ -3,8 +3,12 @@ import json
 from click.testing import CliRunner
 
 from characterize.cli import main
-from characterize.kernels import VARIANTS
-from characterize.static import LIGHT_SPILL_BYTES, default_register_cap, static_characterization
+from characterize.kernels.registry import VARIANTS
+from characterize.kernels.static import (
+    LIGHT_SPILL_BYTES,
+    default_register_cap,
+    static_characterization,
+)
 
 KEYS = {"variant", "arch", "maxrregcount", "registers", "spill_stores", "spill_loads", "shared_mem", "block_size",
         "theoretical_occupancy_pct", "limiter"}

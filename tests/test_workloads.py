@@ -6,8 +6,19 @@ import torch
 
 from characterize.config import Pooling, WorkloadConfig
 from characterize.errors import ConfigError, WorkloadError
-from characterize.workloads import (CALIBRATION, PRESETS, generate, generate_stream, load_dataset, load_trace,
-                                    locality_stats, lru_hit_rate, parse_dataset, reuse_distances, top_k_coverage)
+from characterize.workloads.locality import (
+    locality_stats,
+    lru_hit_rate,
+    reuse_distances,
+    top_k_coverage,
+)
+from characterize.workloads.presets import CALIBRATION, PRESETS, parse_dataset
+from characterize.workloads.traces import (
+    generate,
+    generate_stream,
+    load_dataset,
+    load_trace,
+)
 
 
 def brute_reuse(seq):
@@ -112,7 +123,7 @@ def test_npz_bagged_and_per_table(tmp_path, small):
 
 
 def test_dlrm_pt_layout(tmp_path, small):
-    T, B = 2, 8
+    _T, _B = 2, 8
     lengths = torch.tensor([[1, 2, 0, 3, 1, 1, 2, 1], [2, 2, 2, 2, 1, 0, 1, 1]])
     offsets = torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(lengths.flatten(), 0)])
     indices = torch.arange(int(offsets[-1])) * 3 % 40

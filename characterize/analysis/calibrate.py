@@ -1,0 +1,265 @@
+"""Analysis stage, calibration: fit the model's constants to a measured run, per GPU,
+and score predictions against measurements (GMAE).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from characterize.analysis.model.constants import (
+    BOUNDS,
+    FIT_DEFAULT,
+    MODES,
+    ModelConstants,
+    Progress,
+)
+from characterize.analysis.model.equations import _evaluate
+from characterize.analysis.model.geometry import _Point, _prepare
+from characterize.analysis.model.locality import TraceProfile
+from characterize.config import ExperimentConfig
+from characterize.errors import ConfigError, RunDirError
+from characterize.hardware import GpuSpec, gpu_spec
+from characterize.kernels.registry import get_variant
+from characterize.store import load_run, write_json
+
+
+# ---------------------------------------------------------------- calibration
+def calibration_dir() -> Path:
+    """$CHARACTERIZE_CALIBRATION, else ~/.config/characterize/calibration."""
+    env = os.environ.get("CHARACTERIZE_CALIBRATION")
+    return Path(env) if env else Path.home() / ".config" / "characterize" / "calibration"
+
+
+def calibration_path(gpu: str | GpuSpec) -> Path:
+    spec = gpu if isinstance(gpu, GpuSpec) else gpu_spec(gpu)
+    return calibration_dir() / f"{spec.key}.json"
+
+
+def load_calibration(gpu: str | GpuSpec) -> ModelConstants | None:
+    """The stored calibrated constants of a GPU, or None when it was never calibrated."""
+    path = calibration_path(gpu)
+    if not path.is_file():
+        return None
+    try:
+        return ModelConstants.from_dict(json.loads(path.read_text())["constants"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"{path}: not a calibration file ({e}); delete it or run `characterize calibrate`") from None
+
+
+@dataclass
+class Calibration:
+    """The outcome of fitting the model to one measured run."""
+
+    gpu: GpuSpec
+    constants: ModelConstants
+    defaults: ModelConstants
+    fitted: tuple[str, ...]
+    points: int
+    hit_points: int
+    gmae_default: float
+    gmae_fitted: float
+    run: str
+    path: Path | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"gpu": self.gpu.key, "gpu_name": self.gpu.name, "constants": self.constants.to_dict(),
+                "defaults": self.defaults.to_dict(), "fitted": list(self.fitted), "points": self.points,
+                "hit_points": self.hit_points, "gmae_default": self.gmae_default, "gmae_fitted": self.gmae_fitted,
+                "run": self.run, "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+
+
+def _run_gpu(run: Any, gpu: str | None) -> GpuSpec:
+    """The run's GPU as the spec table knows it, with the driver's SM count and L2 size."""
+    info = run.meta.get("gpu") or {}
+    name = gpu or info.get("name")
+    if not name:
+        raise RunDirError(f"{run.path}: meta.json names no GPU (a run measured without one?); pass --gpu NAME")
+    spec = gpu_spec(name)
+    changes = {k: int(info[k]) for k in ("sm_count", "l2_bytes") if info.get(k)}
+    return dataclasses.replace(spec, **changes)
+
+
+def _measured(run: Any) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(variant, dataset, mode, measured_us, ci95_us) of finished points, and measured L2
+    hit rates of lookup kernels profiled with --cache-control none."""
+    bench = run.bench
+    if bench.empty or "per_table_us" not in bench.columns:
+        raise RunDirError(f"{run.path}: no timings (points/bench); calibration needs a run measured on a GPU")
+    b = bench.copy()
+    if "status" in b.columns:
+        b = b[b["status"].fillna("ok") == "ok"]
+    if "mode" not in b.columns:
+        b["mode"] = "steady"
+    b = b[b["mode"].isin(MODES) & (b["per_table_us"] > 0)]
+    ci = b["ci95_us"] if "ci95_us" in b.columns else np.nan
+    times = pd.DataFrame({"variant": b["variant"], "dataset": b["dataset"], "mode": b["mode"],
+                          "measured_us": b["per_table_us"].astype(float), "ci95_us": ci})
+    k = run.kernels
+    hits = pd.DataFrame(columns=["variant", "dataset", "measured_l2_hit_rate_pct"])
+    if not k.empty and {"variant", "dataset", "l2_hit_rate_pct"} <= set(k.columns):
+        if "cache_control" in k.columns:
+            k = k[k["cache_control"].fillna("").astype(str) == "none"]
+        name = next((c for c in ("function", "kernel_name") if c in k.columns), None)
+        if name:
+            k = k[~k[name].fillna("").astype(str).str.contains("l2_pin")]
+        k = k.dropna(subset=["l2_hit_rate_pct"])
+        if not k.empty:
+            hits = (k.groupby(["variant", "dataset"])["l2_hit_rate_pct"].mean().rename("measured_l2_hit_rate_pct")
+                    .reset_index())
+    return times.reset_index(drop=True), hits
+
+
+def gmae(predicted: Sequence[float] | np.ndarray, measured: Sequence[float] | np.ndarray,
+         floor: float = 1e-4) -> float:
+    """Geometric-mean absolute error: exp(mean(log(max(|pred/meas - 1|, floor)))), as a
+    fraction (0.1 = 10%). The floor (0.01% by default) keeps one exact point from
+    sending the mean to zero."""
+    p, m = np.asarray(predicted, dtype=float), np.asarray(measured, dtype=float)
+    ok = np.isfinite(p) & np.isfinite(m) & (m > 0)
+    if not ok.any():
+        return math.nan
+    return float(np.exp(np.mean(np.log(np.maximum(np.abs(p[ok] / m[ok] - 1), floor)))))
+
+
+def compare_to_measured(pred: pd.DataFrame, run: Any) -> pd.DataFrame:
+    """Predicted against measured per (variant, dataset, mode) of the run's GPU: absolute
+    and relative errors of time, and L2 hit rates where ncu measured them."""
+    times, hits = _measured(run)
+    gpu = _run_gpu(run, None).key
+    mine = pred[pred["gpu"] == gpu] if "gpu" in pred.columns else pred
+    if mine.empty:
+        raise ConfigError(f"the predictions hold no rows for the run's GPU ({gpu}); predict for it first")
+    on = ["variant", "dataset"] + (["mode"] if "mode" in mine.columns else [])
+    cols = on + ["time_us", "l2_hit_rate_all_pct", "constants"]
+    df = times.merge(mine[[c for c in cols if c in mine.columns]], on=on, how="inner")
+    df = df.rename(columns={"time_us": "predicted_us", "l2_hit_rate_all_pct": "predicted_l2_hit_rate_pct"})
+    df["abs_error_us"] = (df["predicted_us"] - df["measured_us"]).abs()
+    df["rel_error"] = df["predicted_us"] / df["measured_us"] - 1
+    df = df.merge(hits, on=["variant", "dataset"], how="left")
+    df.insert(2, "gpu", gpu)
+    return df
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1 / (1 + np.exp(-x))
+
+
+def _least_squares(residuals: Callable[[np.ndarray], np.ndarray], x0: np.ndarray, iterations: int = 60
+                   ) -> np.ndarray:
+    """Levenberg-Marquardt with central-difference Jacobians (a few parameters only)."""
+    x, r = x0.copy(), residuals(x0)
+    cost, lam, h = float(r @ r), 1e-2, 1e-3
+    for _ in range(iterations):
+        J = np.empty((r.size, x.size))
+        for j in range(x.size):
+            e = np.zeros_like(x)
+            e[j] = h
+            J[:, j] = (residuals(x + e) - residuals(x - e)) / (2 * h)
+        A, g = J.T @ J, J.T @ r
+        improved = False
+        while lam < 1e10:
+            step = np.linalg.solve(A + lam * (np.diag(np.diag(A)) + 1e-9 * np.eye(x.size)), -g)
+            r_new = residuals(x + step)
+            c_new = float(r_new @ r_new)
+            if c_new < cost:
+                improved = cost - c_new > 1e-12 * max(cost, 1e-30)
+                x, r, cost, lam = x + step, r_new, c_new, max(lam / 3, 1e-9)
+                break
+            lam *= 4
+        if not improved:
+            break
+    return x
+
+
+def fit_run(run: Any, gpu: str | None = None, *, static: Any = None, fit: Sequence[str] = FIT_DEFAULT, prior_weight: float = 0.02,
+            hit_weight: float = 1.0, progress: Progress | None = None) -> Calibration:
+    """Fit the constants named in `fit` to a measured run (store.load_run() or a path).
+
+    Residuals: log(predicted / measured) of each timed (variant, dataset, mode) point
+    (torch is left out: the model describes our kernels, not PyTorch's), plus
+    hit_weight x (predicted - measured L2 hit rate) / 100 for lookup kernels ncu
+    profiled with --cache-control none (the model's all-reads L2 hit rate; writes are
+    not counted), plus prior_weight x log(value / default) per constant so that
+    constants the data cannot see stay at their defaults.
+    """
+    run = load_run(run) if isinstance(run, (str, Path)) else run
+    unknown = set(fit) - set(BOUNDS)
+    if unknown or not fit:
+        raise ConfigError(f"fit names constants from {', '.join(BOUNDS)}; got {', '.join(sorted(unknown)) or 'none'}")
+    spec = _run_gpu(run, gpu)
+    if not run.meta.get("experiment"):
+        raise RunDirError(f"{run.path}: meta.json holds no experiment; the model needs the workload it measured")
+    exp = ExperimentConfig.from_dict(run.meta["experiment"])
+    times, hits = _measured(run)
+    times = times[times["variant"].map(lambda v: get_variant(v).compiled)]
+    if times.empty:
+        raise RunDirError(f"{run.path}: no finished timings of compiled variants to calibrate on")
+    if static is None:
+        static = run.static
+        if static.empty or "arch" not in static.columns or spec.arch not in set(static["arch"]):
+            raise RunDirError(f"{run.path}: static.csv has no rows for {spec.arch}; the model needs them "
+                              "(`characterize calibrate` compiles them)")
+    profiles: dict[str, TraceProfile] = {}
+    index: dict[tuple[str, str, str], _Point] = {}
+    for mode, sub in times.groupby("mode"):
+        pts = _prepare(exp.workload, sorted(sub["dataset"].unique()), sorted(sub["variant"].unique()), [spec],
+                       exp.params, static, 1, mode, profiles, progress)
+        index.update({(p.variant, p.dataset, mode): p for p in pts})
+    timed = [(index[(r.variant, r.dataset, r.mode)], r.measured_us) for r in times.itertuples()]
+    steady = {(p.variant, p.dataset): p for (v, d, m), p in index.items() if m == "steady"}
+    hit_pts = [(steady[(r.variant, r.dataset)], r.measured_l2_hit_rate_pct) for r in hits.itertuples()
+               if (r.variant, r.dataset) in steady]
+    defaults = ModelConstants.defaults(spec)
+    names = [n for n in BOUNDS if n in fit]
+    lo = np.array([BOUNDS[n][0] for n in names])
+    hi = np.array([BOUNDS[n][1] for n in names])
+    start = np.clip([getattr(defaults, n) for n in names], lo + 1e-6 * (hi - lo), hi - 1e-6 * (hi - lo))
+    x0 = np.log((start - lo) / (hi - start))
+    base_values = np.array([getattr(defaults, n) for n in names])
+
+    def constants_at(x: np.ndarray) -> ModelConstants:
+        return defaults.replace(**{n: float(v) for n, v in zip(names, lo + (hi - lo) * _sigmoid(x))})
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        c = constants_at(x)
+        r = [math.log(_evaluate(p, c)["time_us"] / m) for p, m in timed]
+        r += [hit_weight * (_evaluate(p, c)["l2_hit_rate_all_pct"] - m) / 100 for p, m in hit_pts]
+        values = lo + (hi - lo) * _sigmoid(x)
+        r += list(prior_weight * np.log(values / base_values))
+        return np.asarray(r)
+
+    if progress:
+        progress(f"fitting {', '.join(names)} to {len(timed)} timings and {len(hit_pts)} L2 hit rates")
+    fitted = constants_at(_least_squares(residuals, x0))
+    meas = [m for _, m in timed]
+    return Calibration(spec, fitted, defaults, tuple(names), len(timed), len(hit_pts),
+                       gmae([_evaluate(p, defaults)["time_us"] for p, _ in timed], meas),
+                       gmae([_evaluate(p, fitted)["time_us"] for p, _ in timed], meas), str(run.path))
+
+
+def save_calibration(cal: Calibration) -> Path:
+    """Store the fitted constants where load_calibration() finds them."""
+    path = calibration_path(cal.gpu)
+    write_json(path, cal.to_dict())
+    cal.path = path
+    return path
+
+
+def calibrate(run: Any, gpu: str | None = None) -> ModelConstants:
+    """Fit the model's constants to a measured run and store them for its GPU; later
+    predictions for that GPU use them (column constants = 'calibrated')."""
+    cal = fit_run(run, gpu)
+    save_calibration(cal)
+    return cal.constants
+
+

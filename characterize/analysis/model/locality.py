@@ -1,0 +1,186 @@
+"""Model, locality: per-table hit rates from reuse distances, computed once per dataset
+and shared by every variant and GPU.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Callable
+
+import numpy as np
+
+from characterize.analysis.model.constants import L1_SAMPLE_SMS, MODES, SECTOR
+from characterize.config import WorkloadConfig
+from characterize.errors import ConfigError
+from characterize.workloads.locality import reuse_distances
+from characterize.workloads.traces import load_dataset
+
+
+# ------------------------------------------------------------------- locality
+def sectors_per_row(row_bytes: int) -> float:
+    """Mean 32-byte sectors a row touches, over the alignments rows take in a table."""
+    step = math.gcd(row_bytes, SECTOR)
+    return float(np.mean([-(-(o + row_bytes) // SECTOR) for o in range(0, SECTOR, step)]))
+
+
+def _hit_fraction(sorted_distances: np.ndarray, capacity_rows: float) -> float:
+    """Fraction of lookups whose distance is below the capacity (an LRU of that many rows hits)."""
+    if sorted_distances.size == 0:
+        return 0.0
+    return float(np.searchsorted(sorted_distances, capacity_rows, side="left") / sorted_distances.size)
+
+
+def _previous_read_py(idx: np.ndarray, rows: int) -> np.ndarray:
+    last = np.full(rows, -1, dtype=np.int64)
+    out = np.empty(idx.size, dtype=np.int64)
+    for t in range(idx.size):
+        r = idx[t]
+        out[t] = last[r]
+        last[r] = t
+    return out
+
+
+@lru_cache(maxsize=1)
+def _previous_kernel() -> Callable[[np.ndarray, int], np.ndarray]:
+    import numba
+
+    return numba.njit(cache=True, nogil=True)(_previous_read_py)
+
+
+def _previous_read(idx: np.ndarray, rows: int) -> np.ndarray:
+    """Position of the previous read of the same row (ids < rows), -1 on a first read."""
+    return _previous_kernel()(np.ascontiguousarray(idx, dtype=np.int64), rows)
+
+
+def _hot_mask(indices: np.ndarray, rows: int, k: int) -> np.ndarray:
+    """Rows among the k most frequent of a trace (ties by row id): the set
+    kernels.hot_rows_by_frequency gives the runner, from a bincount instead of a sort."""
+    counts = np.bincount(indices, minlength=rows)
+    seen = np.flatnonzero(counts)
+    hot = seen[np.lexsort((seen, -counts[seen]))[:k]]
+    mask = np.zeros(rows, dtype=bool)
+    mask[hot] = True
+    return mask
+
+
+@dataclass(frozen=True)
+class _Stream:
+    """Reuse of one lookup stream: per scored lookup, distance and batches crossed."""
+
+    distances: np.ndarray   # float64, inf on a first read
+    crossed: np.ndarray     # int64 batch boundaries since the previous read
+    unique_per_launch: float
+
+    @classmethod
+    def of(cls, idx: np.ndarray, batch: np.ndarray, rows: int) -> "_Stream":
+        """`batch`: each lookup's batch; lookups of batch 0 are history only."""
+        if idx.size == 0:
+            return cls(np.empty(0), np.empty(0, dtype=np.int64), 0.0)
+        d = reuse_distances(idx).astype(np.float64)
+        prev = _previous_read(idx, rows)
+        crossed = np.where(prev >= 0, batch - batch[np.maximum(prev, 0)], 0)
+        d[prev < 0] = np.inf
+        nb = int(batch.max()) + 1
+        unique = np.count_nonzero((prev < 0) | (crossed > 0)) / nb   # first reads of each launch
+        scored = batch >= 1 if nb > 1 else np.ones(idx.size, dtype=bool)
+        return cls(d[scored], crossed[scored], unique)
+
+    def effective(self, tables: int, mode: str) -> np.ndarray:
+        """Distances the shared L2 sees, in lookup order: T-1 other launches per boundary
+        crossed (steady), or no reuse across launches at all (cold: L2 flushed before each)."""
+        if mode == "cold":
+            return np.where(self.crossed > 0, np.inf, self.distances)
+        return self.distances + self.crossed * (tables - 1) * self.unique_per_launch
+
+
+class TraceProfile:
+    """Locality of one dataset under one workload: everything the model needs from the
+    trace, computed once and shared by every variant, GPU, mode and constant set."""
+
+    def __init__(self, dataset: str, workload: WorkloadConfig, tables: int = 1):
+        if not 1 <= tables <= workload.T:
+            raise ConfigError(f"tables must be in 1..T={workload.T}, got {tables}")
+        data = load_dataset(dataset, workload, tables=range(tables))
+        self.dataset = dataset
+        self.rows = data.rows
+        self.T = workload.T
+        self._traces = data.tables
+        self._batch = [np.repeat(np.arange(tr.batches), np.diff(tr.starts)) for tr in data.tables]
+        self._streams = {"all": [_Stream.of(tr.indices, b, self.rows) for tr, b in zip(self._traces, self._batch)]}
+        self.lookups_per_launch = float(np.mean([tr.starts[-1] / tr.batches for tr in self._traces]))
+        self.bags = int(self._traces[0].offsets.shape[1])
+        self.unique_per_launch = float(np.mean([s.unique_per_launch for s in self._streams["all"]]))
+        self.unique_rows = max(int(np.count_nonzero(np.bincount(tr.indices, minlength=self.rows)))
+                               for tr in self._traces)   # the most rows a pre-pass can pin
+        self._hot_fraction: dict[int, float] = {}
+        self._hot_scored: dict[int, list[np.ndarray]] = {}
+        self._sorted: dict[tuple[str, str], np.ndarray] = {}
+        self._window: dict[tuple[int, str], tuple[float, np.ndarray]] = {}
+        self._l1: dict[tuple[int, int, int], np.ndarray] = {}
+
+    def distances(self, mode: str, subset: str = "all") -> np.ndarray:
+        """Sorted effective L2 distances of the scored lookups ('all', or 'hot:K' /
+        'cold:K' after pinned(K))."""
+        if mode not in MODES:
+            raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        key = (subset, mode)
+        if key not in self._sorted:
+            self._sorted[key] = np.sort(np.concatenate([s.effective(self.T, mode) for s in self._streams[subset]]))
+        return self._sorted[key]
+
+    def window(self, k: int, mode: str) -> tuple[float, np.ndarray]:
+        """l2w: the fraction of hot lookups the persisting carve-out of k rows keeps
+        (distance among hot rows < k), and the sorted full-stream distances of the hot
+        lookups it does not keep: those compete in the normal part of L2 like any row."""
+        if (k, mode) not in self._window:
+            self.pinned(k)
+            kept, rest = [], []
+            for all_, hot_, mask in zip(self._streams["all"], self._streams[f"hot:{k}"], self._hot_scored[k]):
+                inside = hot_.effective(self.T, mode) < k
+                kept.append(inside)
+                rest.append(all_.effective(self.T, mode)[mask][~inside])
+            kept_all = np.concatenate(kept)
+            self._window[(k, mode)] = (float(kept_all.mean()) if kept_all.size else 0.0, np.sort(np.concatenate(rest)))
+        return self._window[(k, mode)]
+
+    def pinned(self, k: int) -> float:
+        """Split the lookups into the K hottest rows of each table and the rest (their
+        distances become subsets 'hot:K' and 'cold:K'); returns the hot fraction."""
+        if k not in self._hot_fraction:
+            hot_n, n = 0, 0
+            self._streams[f"hot:{k}"], self._streams[f"cold:{k}"], self._hot_scored[k] = [], [], []
+            for tr, batch in zip(self._traces, self._batch):
+                hot = _hot_mask(tr.indices, self.rows, k)[tr.indices]
+                scored = batch >= 1 if tr.batches > 1 else np.ones(hot.size, dtype=bool)
+                self._hot_scored[k].append(hot[scored])
+                hot_n += int(np.count_nonzero(hot & scored))
+                n += int(np.count_nonzero(scored))
+                for name, sel in ((f"hot:{k}", hot), (f"cold:{k}", ~hot)):
+                    self._streams[name].append(_Stream.of(tr.indices[sel], batch[sel], self.rows))
+            self._hot_fraction[k] = hot_n / max(n, 1)
+        return self._hot_fraction[k]
+
+    def l1_distances(self, sms: int, block_num: int, block_den: int) -> np.ndarray:
+        """Sorted within-launch distances seen by the L1 of a few SMs. Bag b runs in
+        block (b * block_num) // block_den and blocks are dealt to SMs round-robin."""
+        key = (sms, block_num, block_den)
+        if key not in self._l1:
+            sample = min(sms, L1_SAMPLE_SMS)
+            parts = []
+            for tr, batch in zip(self._traces, self._batch):
+                lengths = tr.lengths()
+                bag = np.repeat(np.tile(np.arange(self.bags), tr.batches), lengths)
+                sm = (bag * block_num // block_den) % sms
+                keep = (sm < sample) & (batch >= 1 if tr.batches > 1 else True)
+                group = batch[keep] * sample + sm[keep]   # one L1 per (launch, SM)
+                order = np.argsort(group, kind="stable")
+                keyed = (group[order] * self.rows + tr.indices[keep][order]).astype(np.int64)
+                d = reuse_distances(keyed).astype(np.float64)
+                d[d < 0] = np.inf
+                parts.append(d)
+            self._l1[key] = np.sort(np.concatenate(parts)) if parts else np.empty(0)
+        return self._l1[key]
+
+

@@ -1,0 +1,99 @@
+"""Model, predictions: every variant x dataset x GPU of an experiment as a tidy frame.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, Sequence
+
+import pandas as pd
+
+from characterize.analysis.calibrate import load_calibration
+from characterize.analysis.model.constants import MODES, ModelConstants, Progress
+from characterize.analysis.model.equations import _evaluate
+from characterize.analysis.model.geometry import _Point, _prepare
+from characterize.config import ExperimentConfig, WorkloadConfig
+from characterize.errors import ConfigError
+from characterize.hardware import GpuSpec, gpu_spec
+
+COLUMNS = ["variant", "dataset", "arch", "gpu", "mode", "constants", "time_us", "speedup_vs_base", "bound",
+           "l1_hit_rate_pct", "l2_hit_rate_pct", "l2_hit_rate_all_pct", "dram_bytes", "l2_bytes", "l1_bytes",
+           "blocks_per_sm", "registers", "resident_warps", "loads_in_flight", "bytes_per_load", "parallelism",
+           "bytes_in_flight_per_sm", "requests", "latency_ns", "index_latency_ns", "step_ns", "waves",
+           "latency_us", "dram_us", "l2_us", "l1_us", "prepass_us", "pinned_rows", "note"]
+
+
+def _frame(points: Sequence[_Point], consts: Mapping[str, tuple[ModelConstants, str]],
+           keep: Sequence[str]) -> pd.DataFrame:
+    rows = []
+    for p in points:
+        c, label = consts[p.gpu.key]
+        par = p.resident_warps * p.rows_in_flight
+        rows.append({"variant": p.variant, "dataset": p.dataset, "arch": p.gpu.arch, "gpu": p.gpu.key,
+                     "mode": p.mode, "constants": label, "blocks_per_sm": p.blocks_per_sm,
+                     "registers": p.registers, "resident_warps": p.resident_warps, "loads_in_flight": p.rows_in_flight,
+                     "bytes_per_load": p.bytes_per_load, "parallelism": par,
+                     "bytes_in_flight_per_sm": par * p.bytes_per_load, "waves": p.waves,
+                     "pinned_rows": p.pinned_rows, "note": p.note, **_evaluate(p, c)})
+    df = pd.DataFrame(rows)
+    base = df[df["variant"] == "base"].set_index(["dataset", "gpu"])["time_us"]
+    df["speedup_vs_base"] = [base[(d, g)] / t for d, g, t in zip(df["dataset"], df["gpu"], df["time_us"])]
+    return df[df["variant"].isin(keep)][COLUMNS].reset_index(drop=True)
+
+
+def _gpus(archs_or_gpus: Iterable[str | GpuSpec] | str | GpuSpec) -> list[GpuSpec]:
+    items = [archs_or_gpus] if isinstance(archs_or_gpus, (str, GpuSpec)) else list(archs_or_gpus)
+    out = [g if isinstance(g, GpuSpec) else gpu_spec(g) for g in items]
+    if not out:
+        raise ConfigError("no architecture or GPU to predict for")
+    return list({g.key: g for g in out}.values())
+
+
+def _constants_for(gpus: Sequence[GpuSpec], constants: ModelConstants | Mapping[str, ModelConstants] | None
+                   ) -> dict[str, tuple[ModelConstants, str]]:
+    """Per GPU: given constants ('given'), else a stored calibration ('calibrated'),
+    else the spec table's defaults ('default')."""
+    out = {}
+    for g in gpus:
+        if isinstance(constants, ModelConstants):
+            out[g.key] = (constants, "given")
+        elif isinstance(constants, Mapping) and g.key in constants:
+            out[g.key] = (constants[g.key], "given")
+        else:
+            cal = load_calibration(g)
+            out[g.key] = (cal, "calibrated") if cal is not None else (ModelConstants.defaults(g), "default")
+    return out
+
+
+def predict(workload: WorkloadConfig, datasets: Sequence[str], variants: Sequence[str],
+            archs_or_gpus: Iterable[str | GpuSpec] | str | GpuSpec, *,
+            params: Mapping[str, dict[str, Any]] | None = None,
+            constants: ModelConstants | Mapping[str, ModelConstants] | None = None, tables: int = 1,
+            mode: str = "steady", static: Any = None, progress: Progress | None = None) -> pd.DataFrame:
+    """Predicted time, hit rates, traffic and the intermediate quantities, one row per
+    (variant, dataset, GPU).
+
+    `archs_or_gpus`: 'sm_80', 'h200', a driver name or GpuSpec objects. `params`:
+    per-variant overrides ({'rpf': {'P': 4}}). `constants`: one ModelConstants for all
+    GPUs or a dict by GPU key; by default a stored calibration, else GpuSpec defaults.
+    `tables`: how many of each dataset's tables to analyze (generated tables share a
+    distribution; a trace file may differ per table). `mode`: 'steady' (tables in
+    turn, as in production) or 'cold' (L2 flushed before each launch). `static`: rows
+    of a static characterization (e.g. a run's static.csv) instead of compiling.
+    """
+    workload.validate()
+    if mode not in MODES:
+        raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    gpus = _gpus(archs_or_gpus)
+    points = _prepare(workload, list(datasets), list(variants), gpus, params or {}, static, tables, mode, {},
+                      progress)
+    return _frame(points, _constants_for(gpus, constants), list(variants))
+
+
+def predict_experiment(exp: ExperimentConfig, archs: Iterable[str] | None = None,
+                       progress: Progress | None = None, *, static: Any = None) -> pd.DataFrame:
+    """predict() over an experiment's matrix (its architectures unless `archs` is given;
+    `static`: a run's static rows, to skip compiling)."""
+    return predict(exp.workload, exp.datasets, exp.variants, list(archs or exp.archs), params=exp.params,
+                   static=static, progress=progress)
+
+

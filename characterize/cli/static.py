@@ -1,0 +1,131 @@
+"""Commands that need no GPU measurement: devices, build, check."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+import click
+
+from characterize.cli.base import (
+    csv_list,
+    echo_err,
+    main,
+    print_rows,
+    workload_from,
+    workload_options,
+)
+from characterize.config import DEFAULT_ARCHS, WorkloadConfig, parse_param_overrides
+from characterize.workloads.presets import HOTNESS_ORDER
+
+
+# ------------------------------------------------------------------- devices
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+def devices(as_json: bool) -> None:
+    """List visible GPUs (NVML and torch), or say that there is none."""
+    from dataclasses import asdict
+
+    from characterize.hardware import devices as list_devices
+
+    found = list_devices()
+    if as_json:
+        click.echo(json.dumps([asdict(d) | {"arch": d.arch} for d in found], indent=2))
+        return
+    if not found:
+        click.echo("No CUDA GPU is visible on this machine (NVML and torch found none).\n"
+                   "Without a GPU you can still run: characterize build, check, workload stats, predict, "
+                   "import, report, run (static + locality + model).")
+        return
+    rows = [{"#": d.index, "name": d.name, "arch": d.arch, "SMs": d.sm_count, "L2_MiB": round(d.l2_bytes / 2**20, 1),
+             "memory_GiB": round(d.memory_bytes / 2**30, 1), "sm_clock_MHz": d.sm_clock_MHz,
+             "max_sm_clock_MHz": d.max_sm_clock_MHz, "mem_clock_MHz": d.memory_clock_MHz, "driver": d.driver,
+             "cuda": d.cuda_runtime, "source": d.source} for d in found]
+    print_rows(rows)
+
+
+# --------------------------------------------------------------------- build
+@main.command()
+@click.option("--arch", "archs", default=",".join(DEFAULT_ARCHS), show_default=True, help="comma-separated architectures")
+@click.option("--variants", default=None, help="comma-separated variants [all compiled ones]")
+@click.option("--maxrregcount", "caps", default=None, help="register sweep caps, e.g. 32,40,42,48,64")
+@click.option("--D", "D", type=int, default=128, show_default=True, help="embedding dimension (picks the warp kernel)")
+@click.option("--param", "params", multiple=True, metavar="VARIANT.NAME=VALUE", help="variant parameter, e.g. rpf.P=4")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+def build(archs: str, variants: str | None, caps: str | None, D: int, params: tuple[str, ...], as_json: bool) -> None:
+    """Compile every variant per architecture; registers, spills and theoretical occupancy."""
+    from characterize.hardware import parse_archs
+    from characterize.kernels.static import (
+        default_register_cap,
+        static_characterization,
+    )
+
+    arch_list = parse_archs(archs)
+    cap_list = [int(c) for c in csv_list(caps) or []]
+    start = time.perf_counter()
+    if not as_json:
+        echo_err(f"compiling the kernel family for {', '.join(arch_list)} (cached builds are reused) ...")
+    rows = static_characterization(csv_list(variants), arch_list, cap_list, D=D, params=parse_param_overrides(params))
+    elapsed = time.perf_counter() - start
+    if as_json:
+        click.echo(json.dumps([r.to_dict() for r in rows], indent=2))
+        return
+    configured = [r.to_dict() for r in rows if not r.sweep]
+    cols = ["variant", "arch", "maxrregcount", "role", "kernel", "registers", "spill_stores", "spill_loads",
+            "stack_frame", "block_size", "blocks_per_sm", "theoretical_occupancy_pct", "limiter"]
+    print_rows(configured, cols)
+    sweep = [r.to_dict() for r in rows if r.sweep and r.variant in ("base", "rpf", "warp")]
+    if sweep:
+        click.echo("\nregister sweep (lookup kernels):")
+        print_rows(sweep, ["variant", "arch", "maxrregcount", "registers", "spill_stores", "spill_loads",
+                           "blocks_per_sm", "theoretical_occupancy_pct", "limiter"])
+    caps_used = ", ".join(f"{a}: {default_register_cap(a)}" for a in arch_list)
+    click.echo(f"\ndefault register cap (optmt/rpf/combined) {caps_used}; compiler: {rows[0].compiler if rows else '-'}")
+    echo_err(f"done in {elapsed:.1f} s")
+
+
+# --------------------------------------------------------------------- check
+@main.command()
+@click.option("--variants", default=None, help="comma-separated variants [all]")
+@click.option("--datasets", default=",".join(HOTNESS_ORDER), show_default=True)
+@click.option("--backend", type=click.Choice(["auto", "cuda", "emulate"]), default="auto", show_default=True,
+              help="cuda runs on the GPU; emulate runs the same source on the CPU")
+@click.option("--paper-shape", is_flag=True, help="check at the paper's shape instead of the tiny odd one")
+@click.option("--param", "params", multiple=True, metavar="VARIANT.NAME=VALUE")
+@workload_options
+@click.option("--json", "as_json", is_flag=True)
+def check(variants: str | None, datasets: str, backend: str, paper_shape: bool, params: tuple[str, ...],
+          as_json: bool, **wl: Any) -> None:
+    """Check every variant against torch.nn.functional.embedding_bag."""
+    from characterize.kernels.check import check_variants
+    from characterize.kernels.library import default_backend
+
+    base = WorkloadConfig(batches=1) if paper_shape else WorkloadConfig.tiny()
+    config = workload_from(base, **wl)
+    chosen = default_backend() if backend == "auto" else backend
+    modes = [config.mode] if wl.get("mode") else ["sum", "mean"]
+    if not as_json:
+        echo_err(f"checking on backend {chosen} (B={config.B} D={config.D} E={config.E} L={config.L}) ...")
+    results = check_variants(csv_list(variants), csv_list(datasets) or [], config, modes, chosen,
+                             parse_param_overrides(params), progress=None if as_json else echo_err)
+    if as_json:
+        click.echo(json.dumps([r.to_dict() for r in results], indent=2))
+    else:
+        print_rows([r.to_dict() for r in results], ["variant", "dataset", "mode", "backend", "max_abs_err",
+                                                     "tolerance", "offset2bag_ok", "bag_size_ok", "passed", "error"])
+    failed = [r for r in results if r.passed is False]
+    ran = [r for r in results if r.passed is not None]
+    skipped = len(results) - len(ran)
+    note = f" ({skipped} skipped: shape not supported by the variant)" if skipped else ""
+    if failed:
+        echo_err(f"{len(failed)} of {len(ran)} checks failed{note}")
+        sys.exit(1)
+    if not ran:
+        echo_err(f"nothing was checked{note}")
+        sys.exit(1)
+    if not as_json:
+        echo_err(f"all {len(ran)} checks passed{note}")
+
+

@@ -1,0 +1,95 @@
+"""Commands of the workload stage: presets, stats, generate."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from characterize.cli.base import (
+    echo_err,
+    main,
+    print_rows,
+    workload_from,
+    workload_options,
+)
+from characterize.hardware import REFERENCE_ARCH
+from characterize.workloads.locality import PAPER_HOT_ROWS
+
+
+# ------------------------------------------------------------------ workload
+@main.group()
+def workload() -> None:
+    """Generate index traces and measure their locality."""
+
+
+@workload.command("presets")
+@click.option("--json", "as_json", is_flag=True)
+def workload_presets(as_json: bool) -> None:
+    """The hotness presets and their definitions."""
+    from characterize.workloads.presets import PRESETS
+
+    rows = [{"preset": h.name, "alpha": h.alpha, "offset_q_frac_E": h.q, "hot_pool_frac_E": h.pool,
+             "uniform_background": h.background, "description": h.description} for h in PRESETS.values()]
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+    else:
+        print_rows(rows)
+
+
+@workload.command("stats")
+@click.argument("source")
+@click.option("--rows", "E", type=int, default=None, help="rows per table (E); inferred from traces when omitted")
+@click.option("--top-k", "top_k", type=int, multiple=True, help=f"K for top-K coverage (repeatable; {PAPER_HOT_ROWS} always)")
+@click.option("--gpu", default=REFERENCE_ARCH, show_default=True, help="also report K = rows fitting this GPU's L2")
+@click.option("--lookups", type=int, default=None, help="presets: analyze a stream of exactly N lookups")
+@click.option("--table", type=int, default=0, show_default=True, help="which table of the dataset")
+@workload_options
+@click.option("--json", "as_json", is_flag=True)
+def workload_stats(source: str, E: int | None, top_k: tuple[int, ...], gpu: str, lookups: int | None, table: int,
+                   as_json: bool, **wl: Any) -> None:
+    """Locality of a preset (one-item, high, medium, low, random, zipf:A) or a trace file."""
+    from characterize.hardware import gpu_spec
+    from characterize.workloads.locality import source_locality
+
+    config = workload_from(None, E=E, **wl)
+    spec = gpu_spec(gpu)
+    start = time.perf_counter()
+    l2_rows = spec.rows_in_l2(config.row_bytes)
+    res = source_locality(source, config, rows=E, lookups=lookups, table=table, top_k=[*top_k, l2_rows])
+    stats, rows = res.stats, res.rows
+    elapsed = time.perf_counter() - start
+    if as_json:
+        out = stats.to_json() | {"source": source, "table": table, "l2_rows": {spec.name: l2_rows}, "seconds": elapsed}
+        click.echo(json.dumps(out, indent=2))
+        return
+    click.echo(f"{source} (table {table}): {stats.lookups:,} lookups over {rows:,} rows of {config.row_bytes} B")
+    click.echo(f"  unique rows        {stats.unique_rows:,} ({stats.unique_rows / rows:.1%} of the table)")
+    click.echo(f"  bytes touched      {stats.bytes_touched / 2**20:,.1f} MiB")
+    for k, v in stats.top_k_coverage.items():
+        note = f"  (rows fitting the {spec.name} L2)" if k == l2_rows else ""
+        click.echo(f"  top-{k:<8,} coverage {v:.1%}{note}")
+    q = "  ".join(f"{k}={v:,.0f}" for k, v in stats.reuse_distance_quantiles.items())
+    click.echo(f"  reuse distance     {q}  (distinct rows between re-reads)")
+    click.echo(f"  first reads        {stats.cold_fraction:.1%} of lookups")
+    echo_err(f"analyzed in {elapsed:.2f} s")
+
+
+@workload.command("generate")
+@click.argument("spec")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="an .npz file (indices, offsets, lengths: the dlrm_datasets layout) or .txt (one index per line)")
+@workload_options
+def workload_generate(spec: str, output: Path, **wl: Any) -> None:
+    """Write a generated dataset to a trace file."""
+    from characterize.workloads.traces import generate, write_trace
+
+    config = workload_from(None, **wl)
+    ds = generate(spec, config)
+    write_trace(ds, output)
+    click.echo(f"wrote {output} ({config.T} tables, {sum(len(t.indices) for t in ds.tables):,} lookups)")
+
+

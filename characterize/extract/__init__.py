@@ -1,0 +1,1 @@
+"""Extract stage: Nsight Compute output (`.ncu-rep` or CSV) into tidy pandas frames."""

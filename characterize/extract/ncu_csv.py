@@ -1,0 +1,239 @@
+"""Extract stage, CSV reader: `ncu --csv` exports (details page or raw page), into the
+tidy schema.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import re
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from characterize.errors import ReportError
+from characterize.extract.ncu_rep import _REPORT_MAGIC, _existing_file
+from characterize.extract.schema import (
+    _FRIENDLY_BY_LABEL,
+    _LABEL_OF_METRIC,
+    _RAW_METRIC,
+    FRIENDLY_METRICS,
+    _csv_nvtx_stack,
+    _dims_from_values,
+    _dims_text,
+    _empty_metric_cols,
+    _frame,
+    _Kernel,
+    normalize_unit,
+    short_function_name,
+)
+
+# ---------------------------------------------------------------------------
+# CSV reader
+# ---------------------------------------------------------------------------
+
+_HEADER_START = re.compile(r'^\ufeff?\s*"?ID"?\s*,')
+_THOUSANDS = re.compile(r"^[+-]?\d{1,3}(?:,\d{3})+(?:\.\d*)?(?:[eE][+-]?\d+)?$")
+_IDENTITY_COLUMNS = frozenset(
+    {"ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "Kernel Time", "Context", "Stream",
+     "Block Size", "Grid Size", "Device", "CC"}
+)  # fmt: skip
+_RULE_TYPES = {"OPT": "OPTIMIZATION", "WRN": "WARNING", "ERR": "ERROR", "INF": "OK", "OK": "OK"}
+
+
+def _parse_number(text: str) -> float | None:
+    """ncu's printed number -> float (thousands separators allowed); None if not a number."""
+    t = text.strip()
+    if not t:
+        return None
+    if "," in t:
+        if not _THOUSANDS.match(t):
+            return None
+        t = t.replace(",", "")
+    try:
+        return float(t)
+    except ValueError:
+        return None
+
+
+def _read_text(path: Path) -> str:
+    if path.stat().st_size > (1 << 30):
+        raise ReportError(f"{path}: larger than 1 GiB; export fewer kernels or metrics to CSV")
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ReportError(f"{path}: cannot be read ({exc})") from None
+    if not raw.strip():
+        raise ReportError(f"{path}: the CSV file is empty; the ncu run that should have produced it probably failed")
+    if b"\x00" in raw[:4096]:
+        hint = " (it looks like a binary .ncu-rep report: use read_report())" if raw.startswith(_REPORT_MAGIC) else ""
+        raise ReportError(f"{path}: binary data, not an ncu CSV export{hint}")
+    return raw.decode("utf-8-sig", errors="replace")
+
+
+def _csv_table(path: Path) -> tuple[list[str], list[list[str]], list[str] | None]:
+    """Header, kernel rows and (raw page) units row of an ncu CSV, skipping non-CSV lines.
+
+    ncu interleaves its own ``==PROF==``/``==WARNING==`` lines and the program's output
+    with the CSV when both go to one stream; rows whose first field is not a kernel ID
+    are dropped, and rows may be ragged (rule rows and trailing commas).
+    """
+    text = _read_text(path)
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if _HEADER_START.match(line)), None)
+    if start is None:
+        hint = ""
+        if "ERR_NVGPUCTRPERM" in text:
+            hint = " The text reports ERR_NVGPUCTRPERM: ncu had no permission to read the performance counters."
+        elif "No kernels were profiled" in text:
+            hint = " The text says no kernels were profiled: the NVTX/kernel filter matched nothing."
+        raise ReportError(
+            f'{path}: no ncu CSV header (a line starting with "ID") found; export with '
+            f"`ncu --csv --page details` or `--page raw` (or `ncu --import x.ncu-rep --csv ...`).{hint}"
+        )
+    body = [line for line in lines[start:] if not line.lstrip().startswith("==")]
+    records = list(csv.reader(body))
+    header = [h.strip().lstrip("\ufeff") for h in records[0]]
+    units: list[str] | None = None
+    rows: list[list[str]] = []
+    for row in records[1:]:
+        if not row:
+            continue
+        first = row[0].strip()
+        if first.isdigit() and len(row) >= 4:
+            rows.append(row)
+        elif first == "" and units is None and not rows and len(row) >= len(header) // 2:
+            units = row
+    if not rows:
+        raise ReportError(f"{path}: an ncu CSV header but no kernel rows; ncu profiled nothing or the export was cut")
+    return header, rows, units
+
+
+def _cell(row: Sequence[str], index: int | None) -> str:
+    if index is None or index >= len(row):
+        return ""
+    return row[index].strip()
+
+
+def _friendly_to_metric(section: str, name: str) -> tuple[str, str]:
+    """(raw metric, label) for one details-page 'Metric Name' in its section."""
+    if _RAW_METRIC.match(name):
+        return name, _LABEL_OF_METRIC.get(name, "")
+    metric = FRIENDLY_METRICS.get((section, name)) or _FRIENDLY_BY_LABEL.get(name) or name
+    return metric, name
+
+
+def _append_value(cols: dict[str, list[Any]], metric: str, label: str, raw_unit: str, text: str) -> None:
+    unit, factor = normalize_unit(raw_unit)
+    number = _parse_number(text)
+    cols["metric"].append(metric)
+    cols["label"].append(label)
+    cols["unit"].append(unit)
+    if number is None:
+        cols["value"].append(math.nan)
+        cols["value_text"].append(text)
+    else:
+        cols["value"].append(number * factor)
+        cols["value_text"].append("")
+
+
+def _kernel_from_row(row: Sequence[str], idx: dict[str, int], nvtx_col: int | None) -> _Kernel:
+    name = _cell(row, idx.get("Kernel Name"))
+    return _Kernel(
+        kernel_id=int(_cell(row, idx.get("ID"))),
+        kernel_name=name,
+        function=short_function_name(name),
+        nvtx_stack=tuple(_csv_nvtx_stack(_cell(row, nvtx_col))),
+        grid=_dims_text(_cell(row, idx.get("Grid Size"))),
+        block=_dims_text(_cell(row, idx.get("Block Size"))),
+        device=_cell(row, idx.get("Device")),
+    )
+
+
+def _nvtx_column(header: Sequence[str]) -> int | None:
+    return next((i for i, h in enumerate(header) if "Push/Pop_Range" in h or h.strip().upper() == "NVTX"), None)
+
+
+def read_csv(path: str | Path, run: str = "") -> pd.DataFrame:
+    """Tidy frame from an ncu CSV export: details page (one row per metric) or raw page.
+
+    Tolerates ncu/program output around the CSV, old and new unit spellings (values
+    are normalised like read_report's), thousands separators and ragged rule rows.
+    """
+    path = _existing_file(path)
+    header, rows, units = _csv_table(path)
+    if "Metric Name" in header and "Metric Value" in header:
+        return _read_details(path, header, rows, run)
+    return _read_raw(path, header, rows, units, run)
+
+
+def _read_details(path: Path, header: list[str], rows: list[list[str]], run: str) -> pd.DataFrame:
+    idx = {h: i for i, h in enumerate(header)}
+    nvtx_col = _nvtx_column(header)
+    i_section, i_name = idx.get("Section Name"), idx["Metric Name"]
+    i_unit, i_value = idx.get("Metric Unit"), idx["Metric Value"]
+    i_rule = idx.get("Rule Name")
+    per_kernel: dict[int, tuple[_Kernel, dict[str, list[Any]], set[str]]] = {}
+    for row in rows:
+        name = _cell(row, i_name)
+        if not name or _cell(row, i_rule):
+            continue  # rule rows carry no metric; rule_results() reads them
+        kernel_id = int(_cell(row, idx.get("ID")))
+        entry = per_kernel.get(kernel_id)
+        if entry is None:
+            entry = per_kernel[kernel_id] = (_kernel_from_row(row, idx, nvtx_col), _empty_metric_cols(), set())
+        _, cols, seen = entry
+        metric, label = _friendly_to_metric(_cell(row, i_section), name)
+        if metric in seen:
+            continue  # the same label listed twice (e.g. in two sections): keep the first
+        seen.add(metric)
+        _append_value(cols, metric, label, _cell(row, i_unit), _cell(row, i_value))
+    if not per_kernel:
+        raise ReportError(f"{path}: the CSV details page has no metric rows (rule rows only?)")
+    return _assemble(per_kernel.values(), run, path.name)
+
+
+def _read_raw(
+    path: Path, header: list[str], rows: list[list[str]], units: list[str] | None, run: str
+) -> pd.DataFrame:
+    idx = {h: i for i, h in enumerate(header)}
+    nvtx_col = _nvtx_column(header)
+    metric_idx = [
+        (i, h)
+        for i, h in enumerate(header)
+        if h and h not in _IDENTITY_COLUMNS and "Range:" not in h and i != nvtx_col
+    ]
+    if not metric_idx:
+        raise ReportError(f"{path}: CSV has neither 'Metric Name'/'Metric Value' columns nor metric columns")
+    entries = []
+    for row in rows:
+        kernel = _kernel_from_row(row, idx, nvtx_col)
+        cols = _empty_metric_cols()
+        for i, metric in metric_idx:
+            _append_value(cols, metric, _LABEL_OF_METRIC.get(metric, ""), _cell(units or [], i), _cell(row, i))
+        values = dict(zip(cols["metric"], cols["value"]))
+        display = dict(zip(cols["metric"], cols["value_text"])).get("device__attribute_display_name", "")
+        grid = kernel.grid or _dims_from_values(*(values.get(f"launch__grid_dim_{a}") for a in "xyz"))
+        block = kernel.block or _dims_from_values(*(values.get(f"launch__block_dim_{a}") for a in "xyz"))
+        kernel = _Kernel(
+            kernel.kernel_id, kernel.kernel_name, kernel.function, kernel.nvtx_stack, grid, block,
+            display or kernel.device,
+        )  # fmt: skip
+        entries.append((kernel, cols, set()))
+    return _assemble(entries, run, path.name)
+
+
+def _assemble(entries: Iterable[tuple[_Kernel, dict[str, list[Any]], set[str]]], run: str, report: str) -> pd.DataFrame:
+    kernels: list[_Kernel] = []
+    counts: list[int] = []
+    cols = _empty_metric_cols()
+    for kernel, kcols, _ in entries:
+        kernels.append(kernel)
+        counts.append(len(kcols["metric"]))
+        for key in cols:
+            cols[key].extend(kcols[key])
+    return _frame(kernels, counts, cols, run, report)
+
+

@@ -1,0 +1,345 @@
+"""Build stage: compile the kernel family with nvcc (or the host compiler, for CPU
+emulation), cache the shared libraries, and read ptxas's resource usage.
+
+One library holds the whole family; what differs between builds is the target
+(an SM architecture or the CPU emulator) and the flags (the register cap). Builds
+are cached by a hash of the sources, the flags and the compiler's identity, so
+rebuilding the family for two architectures costs seconds once and nothing after.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Iterable
+
+from characterize.errors import BuildError, ToolchainNotFound
+from characterize.hardware import REFERENCE_ARCH
+
+SOURCE = "embedding_bag.cu"
+CACHE_FORMAT = 1
+
+
+def kernels_dir() -> Path:
+    """The CUDA sources: package data in characterize/kernels/cuda, so a wheel builds too."""
+    env = os.environ.get("CHARACTERIZE_KERNELS")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parent / "cuda"
+
+
+def cache_root() -> Path:
+    """Where built libraries live: $CHARACTERIZE_CACHE, else the user cache dir."""
+    env = os.environ.get("CHARACTERIZE_CACHE")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "characterize"
+
+
+# ------------------------------------------------------------------ toolchains
+@dataclass(frozen=True)
+class Toolchain:
+    """A compiler and how it was found."""
+
+    path: Path
+    version: str
+    found_in: str  # PATH | CUDA_HOME | /usr/local/cuda | pip wheel | CHARACTERIZE_NVCC | host
+
+
+def _nvcc_version(path: Path) -> str:
+    try:
+        out = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        raise ToolchainNotFound(f"{path} did not run: {e}") from None
+    m = re.search(r"release (\d+\.\d+), V([\d.]+)", out)
+    return m.group(2) if m else out.strip().splitlines()[-1] if out.strip() else "unknown"
+
+
+def _wheel_nvccs() -> list[Path]:
+    """nvcc shipped by NVIDIA's PyPI wheels (nvidia-cuda-nvcc, nvidia-cuda-nvcc-cu12)."""
+    found = []
+    for entry in sys.path:
+        root = Path(entry) / "nvidia"
+        if root.is_dir():
+            found += sorted(root.glob("*/bin/nvcc"), reverse=True)
+    return [p for p in found if os.access(p, os.X_OK)]
+
+
+def _nvcc_candidates() -> list[tuple[Path, str]]:
+    """Places nvcc may be, in order of preference, with where each came from."""
+    candidates: list[tuple[Path, str]] = []
+    if os.environ.get("CHARACTERIZE_NVCC"):
+        candidates.append((Path(os.environ["CHARACTERIZE_NVCC"]), "CHARACTERIZE_NVCC"))
+    on_path = shutil.which("nvcc")
+    if on_path:
+        candidates.append((Path(on_path), "PATH"))
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(var):
+            candidates.append((Path(os.environ[var]) / "bin" / "nvcc", var))
+    candidates.append((Path("/usr/local/cuda/bin/nvcc"), "/usr/local/cuda"))
+    candidates += [(p, "pip wheel") for p in _wheel_nvccs()]
+    return candidates
+
+
+@lru_cache(maxsize=None)
+def find_nvcc() -> Toolchain:
+    """nvcc from $CHARACTERIZE_NVCC, PATH, $CUDA_HOME, /usr/local/cuda or a pip wheel."""
+    for path, where in _nvcc_candidates():
+        if path.is_file() and os.access(path, os.X_OK):
+            return Toolchain(path, _nvcc_version(path), where)
+    raise ToolchainNotFound(
+        "no nvcc found (looked at $CHARACTERIZE_NVCC, PATH, $CUDA_HOME, /usr/local/cuda and "
+        "NVIDIA's pip wheels). Install one with `pip install 'characterize[nvcc]'` (NVIDIA's "
+        "nvidia-cuda-nvcc wheel, no system toolkit needed) or install the CUDA toolkit and "
+        "set CUDA_HOME.")
+
+
+@lru_cache(maxsize=None)
+def find_host_compiler() -> Toolchain:
+    """The C++ compiler used for the CPU-emulation build."""
+    for name in (os.environ.get("CXX"), "g++", "c++", "clang++"):
+        if name and shutil.which(name):
+            path = Path(shutil.which(name))
+            try:
+                out = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=60).stdout
+            except (OSError, subprocess.SubprocessError):
+                continue
+            return Toolchain(path, out.splitlines()[0] if out else "unknown", "host")
+    raise ToolchainNotFound("no C++ compiler (g++, c++ or clang++) found for the CPU-emulation build; "
+                            "install one (Debian: apt install g++)")
+
+
+# --------------------------------------------------------------- build specs
+@dataclass(frozen=True)
+class BuildSpec:
+    """One library build: for a GPU architecture (target 'cuda') or the CPU emulator."""
+
+    target: str = "cuda"            # cuda | emulate
+    arch: str | None = REFERENCE_ARCH  # SM architecture for cuda builds
+    maxrregcount: int | None = None  # register cap (cuda builds only)
+
+    def __post_init__(self) -> None:
+        if self.target not in ("cuda", "emulate"):
+            raise BuildError(f"unknown build target {self.target!r}")
+        if self.target == "emulate":
+            object.__setattr__(self, "arch", None)
+            object.__setattr__(self, "maxrregcount", None)
+
+    def label(self) -> str:
+        if self.target == "emulate":
+            return "cpu-emulation"
+        return f"{self.arch}" + (f" maxrregcount={self.maxrregcount}" if self.maxrregcount else "")
+
+    def command(self, compiler: Path, output: Path) -> list[str]:
+        """The exact compiler command line."""
+        src = kernels_dir() / SOURCE
+        if self.target == "emulate":
+            return [str(compiler), "-O2", "-std=c++17", "-shared", "-fPIC", "-x", "c++", "-DCHZ_EMULATE",
+                    f"-I{kernels_dir()}", "-o", str(output), str(src)]
+        cc = self.arch.removeprefix("sm_")
+        cmd = [str(compiler), "-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "-cudart", "static",
+               "-gencode", f"arch=compute_{cc},code=[sm_{cc},compute_{cc}]", "-Xptxas", "-v", "-lineinfo"]
+        if self.maxrregcount:
+            cmd += ["-maxrregcount", str(self.maxrregcount)]
+        return cmd + [f"-I{kernels_dir()}", "-o", str(output), str(src)]
+
+
+@dataclass(frozen=True)
+class KernelResources:
+    """ptxas's report for one kernel (entry function) of one build."""
+
+    kernel: str          # demangled name, e.g. "void chz_rpf_kernel<2>(chz_bag_args)"
+    mangled: str
+    arch: str
+    registers: int
+    spill_stores: int    # bytes per thread
+    spill_loads: int
+    stack_frame: int
+    shared_mem: int      # static shared memory, bytes per block
+    barriers: int
+    max_registers: int | None = None  # the cap ptxas applied, when one was given
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    spec: BuildSpec
+    library: Path
+    compiler: str
+    command: tuple[str, ...]
+    log: str
+    kernels: dict[str, KernelResources] = field(default_factory=dict)  # by demangled name
+    warnings: tuple[str, ...] = ()
+    seconds: float = 0.0
+    cached: bool = False
+
+    def resources(self, base_name: str) -> KernelResources:
+        """The kernel whose demangled name starts with `base_name` (e.g. 'chz_rpf_kernel<2>')."""
+        for name, res in self.kernels.items():
+            short = re.sub(r"^void\s+", "", name)
+            if short.startswith(base_name + "(") or short == base_name:
+                return res
+        raise BuildError(f"kernel {base_name!r} not in the {self.spec.label()} build; "
+                         f"have: {', '.join(sorted(self.kernels))}")
+
+
+# ------------------------------------------------------------------- demangling
+@lru_cache(maxsize=1)
+def _cxa_demangle():
+    for name in ("libstdc++.so.6", ctypes.util.find_library("stdc++")):
+        if not name:
+            continue
+        try:
+            lib = ctypes.CDLL(name)
+            fn = lib.__cxa_demangle
+        except (OSError, AttributeError):
+            continue
+        fn.restype = ctypes.c_void_p
+        fn.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_int)]
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.free.argtypes = [ctypes.c_void_p]
+        return fn, libc.free
+    return None
+
+
+def demangle(mangled: str) -> str:
+    """Itanium C++ demangling through libstdc++ (the mangled name if that fails)."""
+    api = _cxa_demangle()
+    if api is None or not mangled.startswith("_Z"):
+        return mangled
+    fn, free = api
+    status = ctypes.c_int(0)
+    ptr = fn(mangled.encode(), None, None, ctypes.byref(status))
+    if status.value != 0 or not ptr:
+        return mangled
+    try:
+        return ctypes.string_at(ptr).decode()
+    finally:
+        free(ptr)
+
+
+# ------------------------------------------------------------------ ptxas log
+_ENTRY = re.compile(r"Compiling entry function '([^']+)' for '(\w+)'")
+_PROPS = re.compile(r"Function properties for (\S+)")
+_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED = re.compile(r"Used (\d+) registers(.*)")
+_OVERRIDE = re.compile(r"Overriding maximum register limit \d+ for '([^']+)' with\s+(\d+)")
+
+
+def parse_ptxas(log: str) -> dict[str, KernelResources]:
+    """Resource usage per entry function from `nvcc -Xptxas -v` output."""
+    entries: dict[str, dict] = {}
+    caps: dict[str, int] = {}
+    current = None
+    props_for = None
+    for line in log.splitlines():
+        if m := _OVERRIDE.search(line):
+            caps[m.group(1)] = int(m.group(2))
+        elif m := _ENTRY.search(line):
+            current = m.group(1)
+            entries[current] = {"arch": m.group(2), "registers": 0, "spill_stores": 0, "spill_loads": 0,
+                                "stack_frame": 0, "shared_mem": 0, "barriers": 0}
+        elif m := _PROPS.search(line):
+            props_for = m.group(1)
+        elif (m := _FRAME.search(line)) and props_for in entries:
+            e = entries[props_for]
+            e["stack_frame"], e["spill_stores"], e["spill_loads"] = (int(g) for g in m.groups())
+        elif (m := _USED.search(line)) and current in entries:
+            e = entries[current]
+            e["registers"] = int(m.group(1))
+            rest = m.group(2)
+            if b := re.search(r"used (\d+) barriers", rest):
+                e["barriers"] = int(b.group(1))
+            if s := re.search(r"(\d+) bytes smem", rest):
+                e["shared_mem"] = int(s.group(1))
+    out = {}
+    for mangled, e in entries.items():
+        name = demangle(mangled)
+        out[name] = KernelResources(kernel=name, mangled=mangled, max_registers=caps.get(mangled), **e)
+    return out
+
+
+# ---------------------------------------------------------------------- build
+def _source_digest() -> str:
+    h = hashlib.sha256()
+    for path in sorted(kernels_dir().glob("*")):
+        if path.suffix in (".cu", ".cuh", ".h"):
+            h.update(path.name.encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def _toolchain_for(spec: BuildSpec) -> Toolchain:
+    return find_host_compiler() if spec.target == "emulate" else find_nvcc()
+
+
+def build(spec: BuildSpec, *, force: bool = False) -> BuildResult:
+    """Compile (or fetch from the cache) the kernel family for `spec`."""
+    if not (kernels_dir() / SOURCE).is_file():
+        raise BuildError(f"kernel sources not found in {kernels_dir()} (set CHARACTERIZE_KERNELS)")
+    tool = _toolchain_for(spec)
+    key_data = json.dumps({"format": CACHE_FORMAT, "spec": asdict(spec), "compiler": str(tool.path),
+                           "version": tool.version, "sources": _source_digest()}, sort_keys=True)
+    key = hashlib.sha256(key_data.encode()).hexdigest()[:20]
+    final = cache_root() / "build" / key
+    meta_path = final / "build.json"
+    if meta_path.is_file() and not force:
+        try:
+            meta = json.loads(meta_path.read_text())
+            return _result(spec, final, meta, cached=True)
+        except (OSError, ValueError, KeyError):
+            pass  # a damaged cache entry is rebuilt
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=final.parent))
+    try:
+        cmd = spec.command(tool.path, tmp / "libchz.so")
+        start = time.perf_counter()
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        seconds = time.perf_counter() - start
+        log = proc.stdout + proc.stderr
+        if proc.returncode != 0:
+            tail = "\n".join(log.strip().splitlines()[-25:])
+            raise BuildError(f"compiling {SOURCE} for {spec.label()} failed ({tool.path}):\n{tail}")
+        meta = {"command": cmd, "compiler": f"{tool.path} ({tool.version}, from {tool.found_in})",
+                "log": log, "seconds": seconds}
+        (tmp / "build.json").write_text(json.dumps(meta, indent=1))
+        if force and final.exists():
+            shutil.rmtree(final, ignore_errors=True)
+        try:
+            os.replace(tmp, final)
+        except OSError:  # another process finished the same build first
+            shutil.rmtree(tmp, ignore_errors=True)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return _result(spec, final, json.loads(meta_path.read_text()), cached=False)
+
+
+def _result(spec: BuildSpec, directory: Path, meta: dict, cached: bool) -> BuildResult:
+    log = meta["log"]
+    warnings = tuple(line.strip() for line in log.splitlines() if "warning" in line.lower())
+    return BuildResult(spec=spec, library=directory / "libchz.so", compiler=meta["compiler"],
+                       command=tuple(meta["command"]), log=log, kernels=parse_ptxas(log), warnings=warnings,
+                       seconds=float(meta.get("seconds", 0.0)), cached=cached)
+
+
+def build_many(specs: Iterable[BuildSpec], jobs: int | None = None, force: bool = False) -> dict[BuildSpec, BuildResult]:
+    """Build several specs in parallel (each nvcc is mostly single-threaded)."""
+    unique = list(dict.fromkeys(specs))
+    workers = max(1, min(len(unique), jobs or os.cpu_count() or 1))
+    with ThreadPoolExecutor(workers) as pool:
+        results = list(pool.map(lambda s: build(s, force=force), unique))
+    return dict(zip(unique, results))

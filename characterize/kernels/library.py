@@ -1,0 +1,341 @@
+"""Kernel stage, launching: load a built library, bind a variant to one table, launch it.
+
+A variant bound to one table (`TableKernel`) owns what the technique needs beside the
+lookup kernel: the hot-row list for L2 pinning, the frequency-sorted table and index
+remap for the access-policy window. The same launch code drives the CUDA build (CUDA
+tensors) and the CPU-emulation build (CPU tensors), so correctness is checked without a GPU.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from characterize.errors import (
+    ConfigError,
+    KernelLaunchError,
+    NoCudaDevice,
+    UnsupportedShape,
+)
+from characterize.hardware import REFERENCE_ARCH, devices, gpu_spec
+from characterize.kernels.build import BuildResult, BuildSpec, build
+from characterize.kernels.registry import Variant, get_variant
+from characterize.kernels.static import resolve_params
+
+
+# ---------------------------------------------------------------- C interface
+class BagArgs(ctypes.Structure):
+    _fields_ = [
+        ("weight", ctypes.c_void_p), ("num_rows", ctypes.c_int64), ("dim", ctypes.c_int64),
+        ("indices", ctypes.c_void_p), ("num_indices", ctypes.c_int64),
+        ("offsets", ctypes.c_void_p), ("num_bags", ctypes.c_int64),
+        ("output", ctypes.c_void_p), ("offset2bag", ctypes.c_void_p), ("bag_size", ctypes.c_void_p),
+        ("mode", ctypes.c_int32), ("_pad", ctypes.c_int32), ("padding_idx", ctypes.c_int64),
+        ("weight_stride0", ctypes.c_int64), ("weight_stride1", ctypes.c_int64),
+        ("per_sample_weights", ctypes.c_void_p), ("per_sample_weights_stride", ctypes.c_int64),
+    ]
+
+
+class LaunchArgs(ctypes.Structure):
+    _fields_ = [("block_x", ctypes.c_int32), ("block_y", ctypes.c_int32), ("grid", ctypes.c_int32),
+                ("prefetch_distance", ctypes.c_int32)]
+
+
+class EmuState(ctypes.Structure):
+    _fields_ = [("l2_bytes", ctypes.c_uint64), ("max_persisting_bytes", ctypes.c_uint64),
+                ("max_window_bytes", ctypes.c_uint64), ("persisting_limit", ctypes.c_uint64),
+                ("persisting_resets", ctypes.c_int64), ("window_base", ctypes.c_uint64),
+                ("window_bytes", ctypes.c_uint64), ("window_hit_ratio", ctypes.c_float),
+                ("window_hit_prop", ctypes.c_int32), ("window_miss_prop", ctypes.c_int32),
+                ("_pad", ctypes.c_int32), ("prefetch_count", ctypes.c_int64)]
+
+
+class KernelLibrary:
+    """A built libchz.so opened with ctypes."""
+
+    def __init__(self, result: BuildResult):
+        self.build = result
+        self.emulated = result.spec.target == "emulate"
+        try:
+            self.lib = ctypes.CDLL(str(result.library))
+        except OSError as e:
+            raise KernelLaunchError(f"cannot load {result.library}: {e}") from None
+        L = self.lib
+        for name in ("chz_forward_base", "chz_forward_rpf", "chz_forward_warp", "chz_forward_wrong"):
+            fn = getattr(L, name)
+            fn.argtypes = [ctypes.POINTER(BagArgs), ctypes.POINTER(LaunchArgs), ctypes.c_void_p]
+            fn.restype = ctypes.c_int
+        L.chz_l2_pin.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+        L.chz_l2_pin.restype = ctypes.c_int
+        L.chz_l2_state_size.restype = ctypes.c_int
+        L.chz_l2_window_save.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        L.chz_l2_window_apply.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64,
+                                          ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64),
+                                          ctypes.POINTER(ctypes.c_float)]
+        L.chz_l2_window_restore.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        L.chz_error_string.argtypes = [ctypes.c_int]
+        L.chz_error_string.restype = ctypes.c_char_p
+        L.chz_warp_group.argtypes = [ctypes.c_int64]
+        L.chz_l2_reset.restype = ctypes.c_int
+        L.chz_kernel_info.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(ctypes.c_int),
+                                      ctypes.POINTER(ctypes.c_int)]
+        if self.emulated:
+            L.chz_emu_get_state.argtypes = [ctypes.POINTER(EmuState)]
+            L.chz_emu_configure.argtypes = [ctypes.c_uint64] * 3
+            L.chz_emu_prefetch_log.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+            L.chz_emu_prefetch_log.restype = ctypes.c_int64
+
+    def check(self, code: int, what: str) -> None:
+        if code == 0:
+            return
+        message = self.lib.chz_error_string(code).decode(errors="replace")
+        if code == 10002:
+            raise UnsupportedShape(f"{what}: {message}")
+        raise KernelLaunchError(f"{what} failed: {message} (code {code})")
+
+    def kernel_info(self, which: str, block: int) -> tuple[int, int]:
+        """(resident blocks per SM, registers per thread) as the CUDA runtime reports them."""
+        blocks, regs = ctypes.c_int(), ctypes.c_int()
+        self.check(self.lib.chz_kernel_info(which.encode(), block, ctypes.byref(blocks), ctypes.byref(regs)),
+                   f"querying {which}")
+        return blocks.value, regs.value
+
+    # ---- emulator introspection (tests) ----
+    def emu_configure(self, l2_bytes: int, max_persisting: int, max_window: int = 128 << 20) -> None:
+        self.lib.chz_emu_configure(l2_bytes, max_persisting, max_window)
+
+    def emu_state(self) -> EmuState:
+        s = EmuState()
+        self.lib.chz_emu_get_state(ctypes.byref(s))
+        return s
+
+    def emu_prefetches(self) -> np.ndarray:
+        n = self.lib.chz_emu_prefetch_log(None, 0)
+        out = np.zeros(n, dtype=np.uint64)
+        self.lib.chz_emu_prefetch_log(out.ctypes.data, n)
+        return out
+
+
+_OPEN: dict[Path, KernelLibrary] = {}
+
+
+def load_library(spec: BuildSpec) -> KernelLibrary:
+    """Build (or reuse) and open the library for `spec`. A CUDA build needs a GPU."""
+    if spec.target == "cuda" and not torch.cuda.is_available():
+        raise NoCudaDevice("no CUDA device: the CUDA build of the kernels cannot be loaded here. "
+                           "Use backend 'emulate' (`characterize check`) to check kernel logic on the "
+                           "CPU, or `characterize build` for static characterization.")
+    result = build(spec)
+    if result.library not in _OPEN:  # one handle per library file (a source edit gives a new file)
+        _OPEN[result.library] = KernelLibrary(result)
+    return _OPEN[result.library]
+
+
+def default_backend() -> str:
+    return "cuda" if torch.cuda.is_available() else "emulate"
+
+
+# ---------------------------------------------------------------- launching
+class BagOutputs(NamedTuple):
+    output: torch.Tensor      # [B, D]
+    offset2bag: torch.Tensor  # [N] (empty for torch)
+    bag_size: torch.Tensor    # [B] (empty for torch)
+
+
+def hot_rows_by_frequency(indices: np.ndarray | torch.Tensor, k: int) -> np.ndarray:
+    """The k most frequent rows of a trace, hottest first (ties by row id)."""
+    idx = indices.cpu().numpy() if isinstance(indices, torch.Tensor) else np.asarray(indices)
+    rows, counts = np.unique(idx, return_counts=True)
+    order = np.lexsort((rows, -counts))[:k]
+    return rows[order].astype(np.int64)
+
+
+def _stream_handle(device: torch.device) -> int | None:
+    if device.type == "cuda":
+        return torch.cuda.current_stream(device).cuda_stream
+    return None
+
+
+@dataclass
+class TableKernel:
+    """A variant bound to one table: hot rows, reordering and buffers live here."""
+
+    variant: Variant
+    params: dict[str, int]
+    weight: torch.Tensor
+    library: KernelLibrary | None = None     # None for torch
+    hot_rows: torch.Tensor | None = None     # l2p/combined: rows to pin; l2w: the hot set
+    mode: str = "sum"
+    padding_idx: int | None = None
+    _remap: torch.Tensor | None = field(default=None, repr=False)
+    _order: torch.Tensor | None = field(default=None, repr=False)
+    _saved: Any = field(default=None, repr=False)
+    window: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        D = self.weight.shape[1]
+        self.variant.check_shape(D)
+        if self.variant.l2 == "window":
+            self._reorder_table()
+
+    # -- l2w: the hot set becomes rows 0..K-1 of the (in-place reordered) table --
+    def _reorder_table(self) -> None:
+        E = self.weight.shape[0]
+        hot = self.hot_rows if self.hot_rows is not None else torch.empty(0, dtype=torch.int64)
+        hot = hot.to(self.weight.device)
+        rest = torch.ones(E, dtype=torch.bool, device=self.weight.device)
+        rest[hot] = False
+        order = torch.cat([hot, torch.nonzero(rest).flatten()])
+        remap = torch.empty_like(order)
+        remap[order] = torch.arange(E, device=order.device)
+        self.weight.copy_(self.weight[order])
+        self._order, self._remap = order, remap
+
+    def map_indices(self, indices: torch.Tensor) -> torch.Tensor:
+        """Indices as this variant's table layout needs them (l2w remaps, once per trace)."""
+        return self._remap[indices] if self._remap is not None else indices
+
+    def map_padding(self) -> int:
+        """padding_idx in this variant's layout, -1 for none."""
+        if self.padding_idx is None:
+            return -1
+        return int(self._remap[self.padding_idx]) if self._remap is not None else self.padding_idx
+
+    def prepass(self) -> None:
+        """Work done before the lookup kernel: pin hot rows (l2p) or set the window (l2w)."""
+        if self.library is None or self.hot_rows is None or not len(self.hot_rows):
+            return
+        stream = _stream_handle(self.weight.device)
+        if self.variant.l2 == "prefetch":
+            code = self.library.lib.chz_l2_pin(self.weight.data_ptr(), self.weight.shape[1],
+                                               self.hot_rows.data_ptr(), len(self.hot_rows), stream)
+            self.library.check(code, "L2 pinning pre-pass")
+        elif self.variant.l2 == "window":
+            if self._saved is None:
+                self._saved = ctypes.create_string_buffer(self.library.lib.chz_l2_state_size())
+                self.library.check(self.library.lib.chz_l2_window_save(stream, self._saved), "saving the L2 state")
+            carve, nbytes, ratio = ctypes.c_uint64(), ctypes.c_uint64(), ctypes.c_float()
+            hot_bytes = len(self.hot_rows) * self.weight.shape[1] * self.weight.element_size()
+            code = self.library.lib.chz_l2_window_apply(stream, self.weight.data_ptr(), hot_bytes,
+                                                        ctypes.byref(carve), ctypes.byref(nbytes), ctypes.byref(ratio))
+            self.library.check(code, "setting the L2 access-policy window")
+            self.window = {"carveout_bytes": carve.value, "window_bytes": nbytes.value, "hit_ratio": ratio.value}
+
+    def launch(self, indices: torch.Tensor, offsets: torch.Tensor, per_sample_weights: torch.Tensor | None = None,
+               out: BagOutputs | None = None) -> BagOutputs:
+        """One lookup-kernel launch on already mapped indices (no pre-pass)."""
+        B, D = offsets.shape[0], self.weight.shape[1]
+        if self.library is None:
+            pad = self.padding_idx
+            y = torch.nn.functional.embedding_bag(indices, self.weight, offsets, mode=self.mode, padding_idx=pad,
+                                                  per_sample_weights=per_sample_weights)
+            empty = torch.empty(0, dtype=torch.int64, device=self.weight.device)
+            return BagOutputs(y, empty, empty)
+        if per_sample_weights is not None and not self.variant.per_sample_weights:
+            raise UnsupportedShape(f"variant {self.variant.name} does not support per-sample weights")
+        if out is None:
+            dev = self.weight.device
+            out = BagOutputs(torch.empty(B, D, dtype=self.weight.dtype, device=dev),
+                             torch.empty(indices.shape[0], dtype=torch.int64, device=dev),
+                             torch.empty(B, dtype=torch.int64, device=dev))
+        args = BagArgs(
+            weight=self.weight.data_ptr(), num_rows=self.weight.shape[0], dim=D,
+            indices=indices.data_ptr(), num_indices=indices.shape[0], offsets=offsets.data_ptr(), num_bags=B,
+            output=out.output.data_ptr(), offset2bag=out.offset2bag.data_ptr(), bag_size=out.bag_size.data_ptr(),
+            mode=1 if self.mode == "mean" else 0, padding_idx=self.map_padding(),
+            weight_stride0=self.weight.stride(0), weight_stride1=self.weight.stride(1),
+            per_sample_weights=per_sample_weights.data_ptr() if per_sample_weights is not None else None,
+            per_sample_weights_stride=per_sample_weights.stride(0) if per_sample_weights is not None else 0)
+        bx, by = self.variant.block
+        launch = LaunchArgs(bx, by, self.variant.grid, self.params.get("P", 2))
+        entry = getattr(self.library.lib, self.variant.entry)
+        code = entry(ctypes.byref(args), ctypes.byref(launch), _stream_handle(self.weight.device))
+        self.library.check(code, f"variant {self.variant.name}")
+        return out
+
+    def close(self) -> None:
+        """Restore the device/stream L2 state and the table's row order."""
+        if self._saved is not None and self.library is not None:
+            stream = _stream_handle(self.weight.device)
+            self.library.check(self.library.lib.chz_l2_window_restore(stream, self._saved), "restoring the L2 state")
+            self._saved = None
+        if self._order is not None:
+            restored = torch.empty_like(self.weight)
+            restored[self._order] = self.weight
+            self.weight.copy_(restored)
+            self._order = self._remap = None
+
+
+def check_indices(indices: torch.Tensor, rows: int, where: str = "indices") -> None:
+    """Out-of-range indices would fault on the GPU: refuse them with their position."""
+    if indices.numel() == 0:
+        return
+    bad = (indices < 0) | (indices >= rows)
+    if bool(bad.any()):
+        pos = int(torch.nonzero(bad)[0, 0])
+        raise UnsupportedShape(f"{where}: index {int(indices[pos])} at position {pos} is outside [0, {rows})")
+
+
+def bind(variant: str | Variant, weight: torch.Tensor, *, trace: torch.Tensor | None = None,
+         params: dict[str, Any] | None = None, mode: str = "sum", padding_idx: int | None = None,
+         backend: str | None = None, gpu: Any = None) -> TableKernel:
+    """Bind a variant to a table. `trace` (indices) gives the hot rows for l2p/l2w/combined;
+    `backend` is 'cuda' (weight must be on the GPU) or 'emulate' (CPU); `gpu` is the
+    GpuSpec whose persisting-L2 budget sets K by default."""
+    v = get_variant(variant) if isinstance(variant, str) else variant
+    backend = backend or ("cuda" if weight.is_cuda else "emulate")
+    if backend == "cuda" and not weight.is_cuda:
+        raise ConfigError("backend 'cuda' needs the table on the GPU")
+    if backend == "emulate" and weight.is_cuda:
+        raise ConfigError("backend 'emulate' runs on the CPU; move the table to the CPU")
+    if mode not in ("sum", "mean"):
+        raise ConfigError(f"mode must be sum or mean, got {mode!r}")
+    E, D = weight.shape
+    v.check_shape(D)
+    if padding_idx is not None:
+        padding_idx = padding_idx + E if padding_idx < 0 else padding_idx
+        if not 0 <= padding_idx < E:
+            raise ConfigError(f"padding_idx {padding_idx} outside the table's {E} rows")
+    if v.entry is None:
+        return TableKernel(v, {}, weight, None, None, mode, padding_idx)
+    arch = None
+    if backend == "cuda":
+        major, minor = torch.cuda.get_device_capability(weight.device)
+        arch = f"sm_{major}{minor}"
+        if gpu is None:
+            found = [d for d in devices() if d.index == (weight.device.index or 0)]
+            gpu = found[0].spec() if found else None
+    gpu = gpu or gpu_spec(REFERENCE_ARCH)
+    p = resolve_params(v, params, arch, gpu, weight.element_size() * D)
+    library = load_library(v.build_spec(backend, arch, p))
+    if library.emulated:
+        library.emu_configure(gpu.l2_bytes, gpu.max_persisting_l2_bytes)
+    hot = None
+    if v.l2 != "none":
+        k = p.get("K", 0)
+        hot_np = hot_rows_by_frequency(trace, k) if trace is not None else np.empty(0, dtype=np.int64)
+        hot = torch.from_numpy(hot_np).to(weight.device)
+    return TableKernel(v, p, weight, library, hot, mode, padding_idx)
+
+
+def run_variant(variant: str | Variant, weight: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor, *,
+                mode: str = "sum", padding_idx: int | None = None, per_sample_weights: torch.Tensor | None = None,
+                params: dict[str, Any] | None = None, backend: str | None = None, gpu: Any = None) -> BagOutputs:
+    """One complete forward (pre-pass, kernel, restore) in the table's original row order."""
+    check_indices(indices, weight.shape[0])
+    tk = bind(variant, weight, trace=indices, params=params, mode=mode, padding_idx=padding_idx,
+              backend=backend, gpu=gpu)
+    try:
+        mapped = tk.map_indices(indices)
+        tk.prepass()
+        out = tk.launch(mapped, offsets, per_sample_weights)
+        if weight.is_cuda:
+            torch.cuda.synchronize(weight.device)
+        return out
+    finally:
+        tk.close()

@@ -1,0 +1,169 @@
+"""Kernel stage, registry: every variant of the family once, with its description, parameters,
+compile flags and the kernel name ptxas reports it under.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from characterize.errors import (
+    ConfigError,
+    UnsupportedShape,
+)
+from characterize.kernels.build import BuildSpec
+
+
+# ------------------------------------------------------------------- registry
+@dataclass(frozen=True)
+class Param:
+    """A tunable of a variant, with its valid range."""
+
+    name: str
+    help: str
+    default: int | None = None   # None: chosen per architecture / GPU at run time
+    low: int = 1
+    high: int = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One member of the kernel family."""
+
+    name: str
+    description: str
+    entry: str | None = None        # exported C entry point; None for torch
+    kernel: str | None = None       # ptxas name of the lookup kernel ({P}, {V}, {U} filled in)
+    capped: bool = False            # compiled with -maxrregcount (param maxrregcount)
+    l2: str = "none"                # none | prefetch (pre-pass) | window (access policy)
+    block: tuple[int, int] = (32, 8)
+    grid: int = 1024                # blocks; 0 lets the launcher size the grid
+    params: tuple[Param, ...] = ()
+    dim_multiple: int = 1
+    max_dim: int | None = None
+    per_sample_weights: bool = False
+    honors_cap: bool = True         # False where __launch_bounds__ overrides -maxrregcount
+    test_only: bool = False
+
+    @property
+    def block_size(self) -> int:
+        return self.block[0] * self.block[1]
+
+    @property
+    def compiled(self) -> bool:
+        return self.entry is not None
+
+    def check_shape(self, D: int) -> None:
+        """Refuse shapes this variant would compute wrongly."""
+        if D % self.dim_multiple:
+            raise UnsupportedShape(f"variant {self.name} needs D to be a multiple of {self.dim_multiple} "
+                                   f"(it loads rows as 16-byte vectors); D={D}. Use base or rpf for this D.")
+        if self.max_dim is not None and D > self.max_dim:
+            raise UnsupportedShape(f"variant {self.name} supports D <= {self.max_dim}; D={D}")
+
+    def resolve_params(self, given: dict[str, Any] | None, *, cap: int | None = None, gpu: Any = None,
+                       row_bytes: int | None = None) -> dict[str, int]:
+        """Validate user parameters and fill defaults, without compiling anything: `cap`
+        is the register cap to use when none is given (`static.default_register_cap`
+        computes one); with `gpu` and `row_bytes`, the hot-row count K defaults to the
+        rows fitting the persisting-L2 budget."""
+        given = dict(given or {})
+        known = {p.name: p for p in self.params}
+        unknown = set(given) - set(known)
+        if unknown:
+            raise ConfigError(f"variant {self.name} has no parameter(s) {', '.join(sorted(unknown))}; "
+                              f"it takes: {', '.join(known) or 'none'}")
+        out: dict[str, int] = {}
+        for p in self.params:
+            value = given.get(p.name, p.default)
+            if value is None:
+                value = self._default(p.name, cap, gpu, row_bytes)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not p.low <= value <= p.high:
+                raise ConfigError(f"variant {self.name}: {p.name} must be an integer in {p.low}..{p.high}, got {value!r}")
+            out[p.name] = int(value)
+        return out
+
+    def _default(self, name: str, cap: int | None, gpu: Any, row_bytes: int | None) -> int | None:
+        if name == "maxrregcount":
+            return cap
+        if name == "K" and gpu is not None and row_bytes:
+            return gpu.rows_in_persisting_l2(row_bytes)
+        return None
+
+    def build_spec(self, target: str, arch: str | None, params: dict[str, int]) -> BuildSpec:
+        cap = params.get("maxrregcount") if self.capped else None
+        return BuildSpec(target, arch, cap)
+
+    def kernel_name(self, params: dict[str, int], D: int) -> str | None:
+        """The lookup kernel's name in ptxas output for these parameters and D."""
+        if self.kernel is None:
+            return None
+        group = warp_group(D)
+        per_lane = -(-(D // 4) // group)
+        V = next((v for v in (1, 2, 4, 8) if per_lane <= v), 8)
+        return self.kernel.format(P=params.get("P", 2), V=V, U=8 // V)
+
+
+_CAP = Param("maxrregcount", "register cap passed to nvcc -maxrregcount (default: chosen per architecture)",
+             None, 16, 255)
+_P = Param("P", "prefetch distance: rows kept in flight per thread", 2, 1, 8)
+_K = Param("K", "hot rows kept in L2 (default: the GPU's persisting-L2 budget / row bytes)", None, 1)
+
+VARIANTS: dict[str, Variant] = {}
+
+
+def register(v: Variant) -> Variant:
+    if v.name in VARIANTS:
+        raise ValueError(f"variant {v.name} registered twice")
+    VARIANTS[v.name] = v
+    return v
+
+
+register(Variant("torch", "torch.nn.functional.embedding_bag: PyTorch's own kernel, what users run today",
+                 per_sample_weights=True))
+register(Variant("base", "PyTorch-style kernel: thread per (bag, feature), 32x8 blocks, grid 1024, scalar loads",
+                 entry="chz_forward_base", kernel="chz_base_kernel<false>", per_sample_weights=True))
+register(Variant("optmt", "base compiled with a register cap for more resident warps (occupancy)",
+                 entry="chz_forward_base", kernel="chz_base_kernel<false>", capped=True, params=(_CAP,),
+                 per_sample_weights=True))
+register(Variant("rpf", "base with register prefetching: the next P rows in flight per thread, capped",
+                 entry="chz_forward_rpf", kernel="chz_rpf_kernel<{P}>", capped=True, params=(_P, _CAP)))
+register(Variant("l2p", "base after a pre-pass pinning the K hottest rows in L2 (prefetch evict_last)",
+                 entry="chz_forward_base", kernel="chz_base_kernel<false>", l2="prefetch", params=(_K,),
+                 per_sample_weights=True))
+register(Variant("l2w", "base on a frequency-sorted table with a persisting-L2 access-policy window on the hot rows",
+                 entry="chz_forward_base", kernel="chz_base_kernel<false>", l2="window", params=(_K,),
+                 per_sample_weights=True))
+register(Variant("combined", "rpf + l2p with the register cap",
+                 entry="chz_forward_rpf", kernel="chz_rpf_kernel<{P}>", capped=True, l2="prefetch",
+                 params=(_P, _K, _CAP)))
+register(Variant("warp", "ours: sub-warp per bag, 16-byte row loads, 8 rows in flight per lane, shuffled indices",
+                 entry="chz_forward_warp", kernel="chz_warp_kernel<{V}, {U}>", block=(256, 1), grid=0,
+                 dim_multiple=4, max_dim=1024, honors_cap=False))
+register(Variant("wrong", "base with an off-by-one dropping each bag's last index (test-only: the checker must fail)",
+                 entry="chz_forward_wrong", kernel="chz_base_kernel<true>", test_only=True))
+
+#: every public variant, in registration order: the order of every table and figure
+VARIANT_ORDER: tuple[str, ...] = tuple(n for n, v in VARIANTS.items() if not v.test_only)
+
+
+def get_variant(name: str) -> Variant:
+    try:
+        return VARIANTS[name]
+    except KeyError:
+        public = ", ".join(v for v in VARIANTS if not VARIANTS[v].test_only)
+        raise ConfigError(f"unknown variant {name!r}; known: {public}") from None
+
+
+def warp_group(D: int) -> int:
+    """Lanes per bag of the warp variant: the power of two covering D/4 float4s, <= 32
+    (mirrors chz_warp_group in the CUDA source; a test keeps them in step)."""
+    g = 1
+    while g < 32 and g < D // 4:
+        g *= 2
+    return g
+

@@ -1,0 +1,207 @@
+"""Run stage, supervising side: bench and profile an experiment into a run directory.
+
+Timing runs in a worker process that writes every finished point at once; when the
+worker dies (kernel fault, out of memory, a kill), the point it was working on is
+recorded as failed with the reason and a fresh worker continues with the rest.
+Profiling runs one Nsight Compute process per point, so an interrupted profile keeps
+every finished report. Nothing already measured is ever redone unless asked.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from characterize.config import ExperimentConfig
+from characterize.errors import (
+    CharacterizeError,
+    NcuError,
+    NcuPermissionError,
+    RunDirError,
+)
+from characterize.extract.ncu_rep import read_report
+from characterize.hardware import devices
+from characterize.kernels.registry import get_variant
+from characterize.measure.ncu import NcuOptions, build_argv, export_path, ncu_version, run_ncu
+from characterize.measure.worker import EXIT_CUDA_ERROR, INFLIGHT, PROFILE_RANGE
+from characterize.store import RunDir, load_run, point_key
+
+Progress = Callable[[str], None]
+KERNEL_FILTER = "chz_|EmbeddingBag"  # our kernels and PyTorch's embedding-bag kernels
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+def pending_points(run: RunDir, kind: str, exp: ExperimentConfig, variants: Sequence[str] | None = None,
+                   datasets: Sequence[str] | None = None) -> list[tuple[str, str]]:
+    """(variant, dataset) points of the experiment not finished yet, dataset-major."""
+    vs = list(variants or exp.variants)
+    ds = list(datasets or exp.datasets)
+    return [(v, d) for d in ds for v in vs if not run.has_point(kind, v, d)]
+
+
+def _worker_cmd(run_dir: Path, points: list[tuple[str, str]], backend: str | None) -> list[str]:
+    cmd = [sys.executable, "-m", "characterize.measure.worker", "bench", str(run_dir)]
+    for v, d in points:
+        cmd += ["--point", f"{v}:{d}"]
+    if backend:
+        cmd += ["--backend", backend]
+    return cmd
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def bench_points(run: RunDir, points: list[tuple[str, str]], backend: str | None = None,
+                 progress: Progress = _quiet, max_restarts: int = 20) -> dict[str, int]:
+    """Time `points` in worker processes; returns counts of ok / failed points."""
+    remaining = list(points)
+    restarts = 0
+    inflight = run.path / "points" / "bench" / INFLIGHT
+    while remaining:
+        inflight.unlink(missing_ok=True)
+        proc = subprocess.Popen(_worker_cmd(run.path, remaining, backend), stdout=subprocess.DEVNULL)
+        try:
+            code = proc.wait()
+        except KeyboardInterrupt:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            run.log("bench interrupted; finished points are kept (resume with --resume)")
+            raise
+        finished = {(v, d) for v, d in remaining if run.point_path("bench", v, d).is_file()}
+        remaining = [p for p in remaining if p not in finished]
+        if code == 0 or not remaining:
+            break
+        # the worker died: blame the point it was working on, continue with a fresh one
+        reason = _describe_exit(code)
+        blamed = inflight.read_text().strip() if inflight.is_file() else None
+        if blamed is None and not finished and code != EXIT_CUDA_ERROR:
+            raise RunDirError(f"the bench worker failed before timing any point ({reason}); see the messages above")
+        for v, d in list(remaining):
+            if point_key(v, d) == blamed:
+                run.write_point("bench", v, d, {"status": "failed",
+                                                "error": f"worker process died while timing this point ({reason}); "
+                                                         f"see {run.path / 'log.txt'}"})
+                run.log(f"bench {v} {d}: worker died ({reason})")
+                progress(f"{v} {d}: worker died ({reason}); continuing with a fresh worker")
+                remaining.remove((v, d))
+                break
+        restarts += 1
+        if restarts > max_restarts:
+            raise RunDirError(f"bench workers died {restarts} times; giving up (see {run.path / 'log.txt'})")
+    inflight.unlink(missing_ok=True)
+    pts = load_run(run.path).points("bench")
+    keys = {point_key(v, d) for v, d in points}
+    mine = [p for p in pts if point_key(p["variant"], p["dataset"]) in keys]
+    return {"ok": sum(p.get("status") == "ok" for p in mine), "failed": sum(p.get("status") != "ok" for p in mine)}
+
+
+@dataclass(frozen=True)
+class ProfileSettings:
+    """Where ncu is and how each point is profiled (the rest comes from the experiment)."""
+
+    ncu: Path
+    timeout_s: float = 900.0
+    backend: str | None = None  # worker backend; None: cuda when a GPU is visible
+
+
+def ncu_options(exp: ExperimentConfig, sm: int | None, fallback: bool = False):
+    """NcuOptions for one point: our kernels inside the chz-profile NVTX range. The
+    fallback scopes by launch order instead (skip the warm-up launches), for ncu
+    versions whose NVTX filtering does not match nested ranges."""
+    prof = exp.profile
+    return NcuOptions(metric_set=prof.metric_set, cache_control=prof.cache_control, clock_control=prof.clock_control,
+                      replay_mode=prof.replay_mode, nvtx_include=() if fallback else (f"{PROFILE_RANGE}/",),
+                      kernel_name=KERNEL_FILTER, sm=sm)
+
+
+def _launches_per_table(variant: str) -> int:
+    return 2 if get_variant(variant).l2 == "prefetch" else 1
+
+
+def profile_points(run: RunDir, exp: ExperimentConfig, points: list[tuple[str, str]], settings: ProfileSettings,
+                   progress: Progress = _quiet) -> dict[str, int]:
+    """One ncu process per point. A permission error stops the profile (nothing else can
+    succeed); any other failure marks the point and moves on."""
+    version = ncu_version(settings.ncu)
+    run.update_meta(ncu={"path": str(settings.ncu), "version": version})
+    found = devices()
+    sm = int(found[0].arch.removeprefix("sm_")) if found else None
+    counts = {"ok": 0, "failed": 0}
+    for i, (v, d) in enumerate(points, 1):
+        key = point_key(v, d)
+        export = export_path(run.path / "ncu" / key)
+        target = [sys.executable, "-m", "characterize.measure.worker", "profile", str(run.path), "--variant", v,
+                  "--dataset", d] + (["--backend", settings.backend] if settings.backend else [])
+        start = time.perf_counter()
+        argv = build_argv(settings.ncu, ncu_options(exp, sm), export, target)
+        scoping = "nvtx"
+        try:
+            try:
+                run_ncu(argv, run.path / "ncu" / f"{key}.log", timeout=settings.timeout_s)
+            except NcuError as e:
+                if getattr(e, "reason", "") != "no_kernels":
+                    raise
+                # NVTX scoping matched nothing: scope by launch order instead, once
+                skip = exp.profile.warmup_batches * exp.workload.T * _launches_per_table(v)
+                opts = ncu_options(exp, sm, fallback=True)
+                argv = build_argv(settings.ncu, opts, export, target)
+                i_k = argv.index("-k")
+                argv[i_k:i_k] = ["--launch-skip", str(skip),
+                                 "--launch-count", str(exp.profile.tables * _launches_per_table(v))]
+                scoping = "launch-skip"
+                run_ncu(argv, run.path / "ncu" / f"{key}.log", timeout=settings.timeout_s)
+            kernels = read_report(export, run=run.path.name)
+            n = int(kernels["kernel_id"].nunique()) if not kernels.empty else 0
+        except NcuPermissionError as e:
+            run.write_point("profile", v, d, {"status": "failed", "error": str(e)})
+            run.log(f"profile stopped: {e}")
+            raise
+        except CharacterizeError as e:
+            counts["failed"] += 1
+            run.write_point("profile", v, d, {"status": "failed", "error": str(e), "argv": argv})
+            run.log(f"profile {v} {d}: failed: {e}")
+            progress(f"[{i}/{len(points)}] {v} {d}: FAILED: {str(e).splitlines()[0]}")
+            continue
+        counts["ok"] += 1
+        run.write_point("profile", v, d, {
+            "status": "ok", "report": str(export.relative_to(run.path)), "kernels": n, "argv": argv,
+            "ncu_version": version, "cache_control": exp.profile.cache_control,
+            "clock_control": exp.profile.clock_control, "replay_mode": exp.profile.replay_mode,
+            "metric_set": exp.profile.metric_set, "scoping": scoping, "seconds": time.perf_counter() - start})
+        msg = f"[{i}/{len(points)}] {v} {d}: {n} kernel(s) profiled in {time.perf_counter() - start:.0f} s"
+        run.log(f"profile {msg}")
+        progress(msg)
+    return counts
+
+
+def open_run(path: Path, exp: ExperimentConfig, meta: dict, stage: str, resume: bool) -> RunDir:
+    """Open a run directory for a stage. A directory holding another experiment is
+    refused; a stage with finished points needs --resume (or another --out)."""
+    if (path / "meta.json").is_file():
+        existing = load_run(path)
+        old = existing.meta.get("experiment", {})
+        if old.get("workload") != exp.to_dict()["workload"] or old.get("name") != exp.name:
+            raise RunDirError(f"{path} holds a run of a different experiment or workload "
+                              f"({old.get('name')}); choose another --out")
+        if existing.points(stage) and not resume:
+            raise RunDirError(f"{path} already has {len(existing.points(stage))} {stage} point(s); pass --resume "
+                              "to continue (finished points are kept) or choose another --out")
+        return RunDir.create(path, meta, resume=True)
+    return RunDir.create(path, meta, resume=False)

@@ -1,0 +1,255 @@
+"""Run stage, inside a worker process: the code that touches the GPU.
+
+`python -m characterize.measure.worker bench RUN_DIR --point VARIANT:DATASET ...` times
+points and writes each one into the run directory as soon as it is finished;
+`python -m characterize.measure.worker profile RUN_DIR --variant V --dataset D` is the
+program Nsight Compute launches for one point: warm-up batches, then a few launches
+wrapped in NVTX ranges named chz/<variant>/<dataset>/<table> inside an outer range
+"chz-profile" that the ncu command line selects. Workers are separate processes so
+that a kernel fault or a kill loses at most the point in flight (see runner.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+from characterize.config import ExperimentConfig, WorkloadConfig
+from characterize.errors import CharacterizeError, KernelLaunchError
+from characterize.hardware import REFERENCE_ARCH, gpu_spec, require_gpu
+from characterize.kernels.library import bind, check_indices
+from characterize.measure.timing import L2Flusher, time_point
+from characterize.store import RunDir, load_run, point_key
+from characterize.workloads.traces import load_dataset
+
+PROFILE_RANGE = "chz-profile"
+INFLIGHT = ".inflight"
+EXIT_CUDA_ERROR = 3  # the CUDA context may be poisoned: the supervisor starts a fresh worker
+
+
+def nvtx_name(variant: str, dataset: str, table: int) -> str:
+    return f"chz/{variant}/{dataset}/{table}"
+
+
+@contextmanager
+def nvtx_range(name: str) -> Iterator[None]:
+    """An NVTX push/pop range on the GPU; on the CPU backend the range is printed, so
+    orchestration tests can see the scoping."""
+    if torch.cuda.is_available():
+        torch.cuda.nvtx.range_push(name)
+        try:
+            yield
+        finally:
+            torch.cuda.nvtx.range_pop()
+    else:
+        print(f"NVTX push {name}", flush=True)
+        try:
+            yield
+        finally:
+            print(f"NVTX pop {name}", flush=True)
+
+
+def backend_from_env(explicit: str | None = None) -> str:
+    return explicit or os.environ.get("CHARACTERIZE_BACKEND") or ("cuda" if torch.cuda.is_available() else "emulate")
+
+
+@dataclass
+class Session:
+    """Tables and traces of one experiment on one device."""
+
+    exp: ExperimentConfig
+    workload: WorkloadConfig
+    backend: str
+    device: torch.device
+    tables: list[torch.Tensor]
+    gpu: Any  # GpuSpec
+
+    @classmethod
+    def open(cls, exp: ExperimentConfig, backend: str, batches: int | None = None) -> "Session":
+        wl = exp.workload if batches is None else exp.workload.replace(batches=batches)
+        if backend == "cuda":
+            info = require_gpu()
+            gpu, device = info.spec(), torch.device("cuda", info.index)
+        else:
+            gpu, device = gpu_spec(exp.archs[0] if exp.archs else REFERENCE_ARCH), torch.device("cpu")
+        wl.validate(gpu=gpu if backend == "cuda" else None)
+        g = torch.Generator(device=device).manual_seed(wl.seed)
+        tables = [torch.rand(wl.E, wl.D, generator=g, device=device) - 0.5 for _ in range(wl.T)]
+        return cls(exp, wl, backend, device, tables, gpu)
+
+    def dataset(self, name: str) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+        """batches[b][t] = (indices, offsets) on the device, checked against E."""
+        ds = load_dataset(name, self.workload, tables=range(self.workload.T))
+        out: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
+        for b in range(min(tr.batches for tr in ds.tables)):
+            row = []
+            for t, tr in enumerate(ds.tables):
+                idx, off = tr.batch(b)
+                idx_t = torch.from_numpy(idx.copy()).to(self.device)
+                check_indices(idx_t, self.workload.E, f"{name} table {t} batch {b}")
+                row.append((idx_t, torch.from_numpy(off.copy()).to(self.device)))
+            out.append(row)
+        return out
+
+    def bind(self, variant: str, batches: list[list[tuple[torch.Tensor, torch.Tensor]]]):
+        """One TableKernel per table, hot rows from that table's whole trace."""
+        kernels = []
+        for t, weight in enumerate(self.tables):
+            trace = torch.cat([batches[b][t][0] for b in range(len(batches))])
+            kernels.append(bind(variant, weight, trace=trace, params=self.exp.params_for(variant),
+                                mode=self.workload.mode, backend=self.backend, gpu=self.gpu))
+        mapped = [[(kernels[t].map_indices(idx), off) for t, (idx, off) in enumerate(row)] for row in batches]
+        return kernels, mapped
+
+
+def bytes_per_table(batches: list[list[tuple[torch.Tensor, torch.Tensor]]], row_bytes: int) -> float:
+    """Effective bytes of one table launch, averaged over batches: rows gathered +
+    indices + offsets + output (what the kernel must move at least once)."""
+    lookups = sum(int(idx.numel()) for row in batches for idx, _ in row) / (len(batches) * len(batches[0]))
+    B = int(batches[0][0][1].numel())
+    return lookups * row_bytes + lookups * 8 + B * 8 + B * row_bytes
+
+
+def bench_point(session: Session, variant: str, dataset: str,
+                batches: list[list[tuple[torch.Tensor, torch.Tensor]]]) -> dict[str, Any]:
+    kernels, mapped = session.bind(variant, batches)
+    try:
+        library = kernels[0].library
+        flusher = L2Flusher(session.device, session.gpu.l2_bytes, library) if "cold" in session.exp.bench.modes else None
+        eff_bytes = bytes_per_table(batches, session.workload.row_bytes)
+        summary, reps, per_table = [], [], {}
+        for mode in session.exp.bench.modes:
+            res = time_point(kernels, mapped, mode, session.exp.bench, flusher)
+            T = res["tables"]
+            k, p, w = res["kernel"], res["prepass"], res["with_prepass"]
+            per_table_us = k.mean / T
+            row = {"mode": mode, "per_batch_us": k.mean, "per_table_us": per_table_us, "ci95_us": k.ci95 / T,
+                   "rel_ci": k.rel_ci, "rel_std": k.rel_std, "stable": k.stable, "reps": k.n,
+                   "median_per_table_us": k.median / T, "min_per_table_us": k.min / T,
+                   "prepass_per_table_us": p.mean / T if p else 0.0,
+                   "per_table_incl_prepass_us": w.mean / T, "ci95_incl_prepass_us": w.ci95 / T,
+                   "bytes_per_table": eff_bytes, "effective_GBps": eff_bytes / per_table_us / 1e3,
+                   "hbm_pct": 100 * eff_bytes / per_table_us / 1e3 / session.gpu.hbm_GBps,
+                   "seconds": res["seconds"]}
+            summary.append(row)
+            reps += res["repetitions"]
+            per_table[mode] = res["per_table_mean_us"]
+        first = kernels[0]
+        return {"status": "ok", "backend": session.backend, "gpu": session.gpu.name, "params": first.params,
+                "hot_rows": 0 if first.hot_rows is None else int(len(first.hot_rows)), "window": first.window,
+                "summary": summary, "repetitions": reps, "per_table_mean_us": per_table}
+    finally:
+        for k in kernels:
+            k.close()
+
+
+def run_bench(run_dir: Path, points: list[tuple[str, str]], backend: str) -> int:
+    """Time `points` in order, writing each as it finishes; returns the exit status."""
+    run = load_run(run_dir)
+    exp = ExperimentConfig.from_dict(run.meta["experiment"])
+    writer = RunDir(run_dir)
+    session = Session.open(exp, backend)
+    inflight = run_dir / "points" / "bench" / INFLIGHT
+    inflight.parent.mkdir(parents=True, exist_ok=True)
+    by_dataset: dict[str, list[str]] = {}
+    for v, d in points:
+        by_dataset.setdefault(d, []).append(v)
+    done = 0
+    for dataset, variants in by_dataset.items():
+        try:
+            batches = session.dataset(dataset)
+        except CharacterizeError as e:
+            for v in variants:
+                writer.write_point("bench", v, dataset, {"status": "failed", "error": str(e)})
+                writer.log(f"bench {v} {dataset}: failed: {e}")
+                done += 1
+            continue
+        for v in variants:
+            inflight.write_text(point_key(v, dataset))
+            done += 1
+            try:
+                record = bench_point(session, v, dataset, batches)
+            except CharacterizeError as e:
+                writer.write_point("bench", v, dataset, {"status": "failed", "error": str(e)})
+                writer.log(f"bench {v} {dataset}: failed: {e}")
+                print(f"[{done}/{len(points)}] {v} {dataset}: FAILED: {e}", file=sys.stderr, flush=True)
+                if isinstance(e, KernelLaunchError) and backend == "cuda":
+                    inflight.unlink(missing_ok=True)
+                    return EXIT_CUDA_ERROR
+                continue
+            writer.write_point("bench", v, dataset, record)
+            steady = record["summary"][0]
+            msg = (f"[{done}/{len(points)}] {v} {dataset}: {steady['mode']} {steady['per_table_us']:.1f} us/table "
+                   f"+-{100 * steady['rel_ci']:.1f}% ({steady['reps']} reps)")
+            writer.log(f"bench {msg}")
+            print(msg, file=sys.stderr, flush=True)
+        inflight.unlink(missing_ok=True)
+    return 0
+
+
+def run_profile_target(run_dir: Path, variant: str, dataset: str, backend: str) -> int:
+    """What ncu launches: warm-up (not profiled), then the profiled NVTX ranges."""
+    run = load_run(run_dir)
+    exp = ExperimentConfig.from_dict(run.meta["experiment"])
+    prof = exp.profile
+    session = Session.open(exp, backend, batches=prof.warmup_batches + 1)
+    batches = session.dataset(dataset)
+    kernels, mapped = session.bind(variant, batches)
+    try:
+        for b in range(prof.warmup_batches):
+            for t, tk in enumerate(kernels):
+                tk.prepass()
+                tk.launch(*mapped[b][t])
+        last = mapped[prof.warmup_batches]
+        with nvtx_range(PROFILE_RANGE):
+            for t in range(min(prof.tables, len(kernels))):
+                with nvtx_range(nvtx_name(variant, dataset, t)):
+                    kernels[t].prepass()
+                    kernels[t].launch(*last[t])
+        if session.device.type == "cuda":
+            torch.cuda.synchronize()
+    finally:
+        for k in kernels:
+            k.close()
+    print(f"profiled {variant} {dataset}: {min(prof.tables, len(kernels))} table launch(es) after "
+          f"{prof.warmup_batches} warm-up batch(es)", flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m characterize.measure.worker")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("bench")
+    b.add_argument("run_dir", type=Path)
+    b.add_argument("--point", action="append", default=[], help="VARIANT:DATASET")
+    b.add_argument("--backend", default=None)
+    p = sub.add_parser("profile")
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--variant", required=True)
+    p.add_argument("--dataset", required=True)
+    p.add_argument("--backend", default=None)
+    args = ap.parse_args(argv)
+    backend = backend_from_env(args.backend)
+    try:
+        if args.cmd == "bench":
+            points = [tuple(p.split(":", 1)) for p in args.point]
+            return run_bench(args.run_dir, points, backend)  # type: ignore[arg-type]
+        return run_profile_target(args.run_dir, args.variant, args.dataset, backend)
+    except CharacterizeError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return e.exit_code
+    except Exception:  # a bug: keep the traceback for the log, the supervisor marks the point failed
+        traceback.print_exc()
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

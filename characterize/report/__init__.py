@@ -1,0 +1,1 @@
+"""Report stage: stored runs and Nsight Compute files into one self-contained HTML page."""

@@ -1,0 +1,701 @@
+"""Report panels of a stored run: overview, locality, static, timing, Nsight Compute,
+model and failures.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from characterize.analysis import compare as analyze
+from characterize.analysis.calibrate import gmae
+from characterize.analysis.claims import PAPER_CLAIMS
+from characterize.errors import CharacterizeError
+from characterize.extract.rules import rule_results
+from characterize.hardware import DEFAULT_GPU, GPUS
+from characterize.report.blocks import (
+    POINT_COLS,
+    PREDICTION_STAMP,
+    Cell,
+    DetailsBlock,
+    Missing,
+    NoteBlock,
+    PanelOutput,
+    TableBlock,
+    _col,
+    _figure_block,
+    _isnan,
+    _kv,
+    _order,
+    _table,
+    _txt,
+    fmt_bytes,
+    fmt_ci,
+    fmt_num,
+    fmt_pct,
+    fmt_x,
+    kernel_table,
+    rule_blocks,
+)
+from characterize.report.layout import (
+    _BENCH_HINT,
+    _PROFILE_HINT,
+    NEEDS,
+    S_FAIL,
+    S_LOCALITY,
+    S_MODEL,
+    S_NCU,
+    S_OVERVIEW,
+    S_RULES,
+    S_STATIC,
+    S_TIMING,
+    Panel,
+    _points_missing,
+    _timing_prov,
+)
+from characterize.report.plots import (
+    bandwidth_figure,
+    coverage_figure,
+    dram_figure,
+    hit_rate_figure,
+    latency_figure,
+    occupancy_figure,
+    order_datasets,
+    predicted_vs_measured_figure,
+    prediction_figure,
+    prepass_figure,
+    register_sweep_figure,
+    reuse_figure,
+    speedup_figure,
+    stall_figure,
+    static_occupancy_figure,
+)
+from characterize.report.provenance import PROVENANCE, TIMING_MODES, ncu_mode_text
+from characterize.report.sources import RunSource
+
+
+# ------------------------------------------------------------ run: overview
+def _p_environment(s: RunSource) -> PanelOutput:
+    m = s.meta
+    gpu, env, exp = s.gpu, m.get("environment") or {}, m.get("experiment") or {}
+    wl = exp.get("workload") or {}
+    rows: list[tuple[str, Any]] = [("run", s.run.name), ("directory", str(s.run.path))]
+    if exp:
+        rows.append(("experiment", f"{exp.get('name', '?')}: {exp.get('description', '')}".rstrip(": ")))
+    if wl:
+        rows.append(("workload", f"T={wl.get('T')} tables x E={fmt_num(wl.get('E'))} rows x D={wl.get('D')} "
+                                 f"{wl.get('dtype', 'fp32')}, B={wl.get('B')}, L={wl.get('L')}, "
+                                 f"{wl.get('mode', 'sum')} pooling, {wl.get('batches')} batches, "
+                                 f"seed {wl.get('seed')}"))
+    for key in ("variants", "datasets", "archs", "maxrregcount"):
+        if exp.get(key):
+            rows.append((key, ", ".join(map(str, exp[key]))))
+    if gpu:
+        desc = f"{gpu.get('name', '?')} ({gpu.get('key', '?')}, {gpu.get('arch', '?')}"
+        if gpu.get("sm_count"):
+            desc += f", {gpu['sm_count']} SMs"
+        if gpu.get("l2_bytes"):
+            desc += f", L2 {gpu['l2_bytes'] / 2**20:.0f} MiB"
+        if gpu.get("memory_bytes"):
+            desc += f", {gpu['memory_bytes'] / 2**30:.0f} GiB"
+        rows.append(("GPU", desc + ")"))
+        rows += [("driver", gpu.get("driver")), ("CUDA runtime", gpu.get("cuda_runtime"))]
+        clocks = []
+        if gpu.get("sm_clock_MHz"):
+            clocks.append(f"SM {gpu['sm_clock_MHz']} MHz")
+        if gpu.get("max_sm_clock_MHz"):
+            clocks.append(f"SM max {gpu['max_sm_clock_MHz']} MHz")
+        if gpu.get("memory_clock_MHz"):
+            clocks.append(f"memory {gpu['memory_clock_MHz']} MHz")
+        rows.append(("clocks (when the run started)", ", ".join(clocks)))
+        if gpu.get("hbm_GBps"):
+            rows.append(("HBM peak", f"{fmt_num(gpu['hbm_GBps'])} GB/s (spec table)"))
+    else:
+        rows.append(("GPU", "none: no CUDA GPU was visible when the run was made"))
+    backends = sorted({str(p.get("backend")) for p in s.bench_points if p.get("backend")} |
+                      ({str(m["backend"])} if m.get("backend") else set()))
+    if backends:
+        rows.append(("timing backend", ", ".join(b + (" (CPU emulation: not GPU performance)" if b == "emulate"
+                                                       else " (CUDA events on the GPU)") for b in backends)))
+        rows.append(("timing clocks", "not locked (CUDA-event timings run at normal clocks)"
+                     if not s.emulated else "not applicable (CPU emulation)"))
+    rows.append(("ncu modes (experiment)", ncu_mode_text(m.get("cache_control"), m.get("clock_control"),
+                                                         (exp.get("profile") or {}).get("replay_mode"))))
+    for st in s.ncu_settings:
+        rows.append((f"ncu modes ({st['points']} profiled point(s))",
+                     ncu_mode_text(st["cache_control"], st["clock_control"], st["replay_mode"]) +
+                     f"; metric set {st['metric_set']}; scoped by {st['scoping']}"))
+    versions = sorted({str(st["ncu_version"]) for st in s.ncu_settings if st["ncu_version"]})
+    if versions:
+        rows.append(("ncu version", ", ".join(versions)))
+    if not s.static.empty and "compiler" in s.static.columns:
+        rows.append(("compiler", ", ".join(sorted(set(s.static["compiler"].dropna().astype(str))))))
+    sw = [f"{k} {env[k]}" for k in ("python", "torch", "numpy", "pandas") if env.get(k)]
+    if env.get("torch_cuda"):
+        sw.append(f"torch CUDA {env['torch_cuda']}")
+    host = " ".join(x for x in (env.get("hostname"), env.get("platform")) if x)
+    rows += [("software", ", ".join(sw)), ("host", host),
+             ("command line", m.get("command_line")), ("git revision", env.get("git_revision")),
+             ("started", m.get("started")), ("resumed", ", ".join(map(str, m.get("resumed", []))))]
+    steps = m.get("steps") or {}
+    if steps:
+        rows.append(("steps", "; ".join(f"{k}: {v}" for k, v in steps.items())))
+    return PanelOutput([_kv(rows)])
+
+
+def _p_contents(s: RunSource) -> PanelOutput:
+    def status(ok: bool) -> Cell:
+        return Cell("present" if ok else "missing", "ok" if ok else "missing")
+
+    bp, pp = s.bench_points, s.profile_points
+    b_ok = sum(p.get("status") == "ok" for p in bp)
+    p_ok = sum(p.get("status") == "ok" for p in pp)
+    rows = [
+        ["static characterization", status(not s.static_config.empty),
+         f"{len(s.static_config)} configured kernel(s), {len(s.static_sweep)} register-sweep row(s)"
+         if not s.static_config.empty else NEEDS["static"].why_missing(s), PROVENANCE["static"].label],
+        ["trace locality", status(bool(s.run.locality_raw)),
+         f"{len(s.run.locality_raw)} dataset(s)" if s.run.locality_raw else NEEDS["locality"].why_missing(s),
+         PROVENANCE["trace"].label],
+        ["timing", status(b_ok > 0), f"{b_ok} point(s) timed, {len(bp) - b_ok} failed" if bp else
+         _points_missing(s, "bench", _BENCH_HINT), PROVENANCE[s.timing_provenance].label if bp else ""],
+        ["Nsight Compute profile", status(p_ok > 0 and not s.metrics.empty),
+         f"{p_ok} point(s) profiled, {len(pp) - p_ok} failed" +
+         (f", {len(s.unreadable_reports)} report(s) unreadable (see Failures)" if s.unreadable_reports else "")
+         if pp else _points_missing(s, "profile", _PROFILE_HINT),
+         PROVENANCE["ncu"].label if pp else ""],
+        ["model predictions", status(not s.predictions.empty),
+         f"{len(s.predictions)} prediction row(s)" if not s.predictions.empty else NEEDS["predictions"].why_missing(s),
+         PROVENANCE["model"].label if not s.predictions.empty else ""],
+    ]
+    return PanelOutput([TableBlock(["data", "status", "details", "provenance"],
+                                   [[c if isinstance(c, Cell) else Cell(str(c)) for c in r] for r in rows])])
+
+
+def _speedup_ci_table(s: RunSource, mode: str) -> pd.DataFrame:
+    return analyze.speedups(s.bench_ok, mode, against=("base",))
+
+
+def _p_headline(s: RunSource) -> PanelOutput:
+    if not (s.bench_ok["variant"] == "base").any():
+        raise Missing("the reference variant base was not timed, so there is no speedup over base")
+    blocks: list[Any] = []
+    if s.emulated:
+        blocks.append(NoteBlock("These ratios come from CPU emulation. They check that the harness works and say "
+                                "NOTHING about GPU performance: do not compare them with the paper's claims.",
+                                "warning"))
+    claims = {k: c.text for k, c in PAPER_CLAIMS.items()}
+    for mode in s.modes:
+        table = analyze.headline(s.bench_ok, mode)
+        if table.empty:
+            continue
+        ci = _speedup_ci_table(s, mode).set_index(["variant", "dataset"])
+        datasets = list(table.columns)
+        rows = []
+        for v in _order(pd.DataFrame({"variant": table.index}))["variant"]:
+            cells = [Cell(v, "code")]
+            vals = []
+            for d in datasets:
+                x = table.loc[v, d]
+                c = ci["speedup_vs_base_ci95"].get((v, d), np.nan) if (v, d) in ci.index else np.nan
+                vals.append(x)
+                cells.append(Cell(fmt_x(x, c), "num" + (" good" if not _isnan(x) and x > 1.02 else
+                                                        " bad" if not _isnan(x) and x < 0.98 else "")))
+            best = np.nanmax(vals) if any(not _isnan(x) for x in vals) else np.nan
+            cells.append(Cell("–" if _isnan(best) else f"{100 * (best - 1):+.0f}%", "num"))
+            cells.append(Cell(claims.get(v, ""), "claim"))
+            rows.append(cells)
+        blocks.append(TableBlock(["variant"] + datasets + ["best over base", "paper (A100, embedding stage)"], rows,
+                                 caption=f"Speedup over base, {TIMING_MODES.get(mode, mode)} "
+                                         f"({PROVENANCE[s.timing_provenance].label})",
+                                 note="ratio of mean per-table latencies (> 1: faster than base) with a 95% CI"))
+    slow = analyze.slowdown_random_vs_one_item(s.bench_ok)
+    if not _isnan(slow):
+        blocks.append(NoteBlock(f"base: random access is {slow:.2f}x slower than one-item (steady mode); paper: "
+                                f"{claims.get('random_vs_one_item', '')}."))
+    return PanelOutput(blocks, modes="; ".join(s.timing_mode(m) for m in s.modes))
+
+
+# -------------------------------------------------------------- run: locality
+def _l2_marks(s: RunSource, row_bytes: int | None) -> dict[str, int]:
+    if not row_bytes:
+        return {}
+    marks = {}
+    for arch in (s.meta.get("experiment") or {}).get("archs", []):
+        spec = GPUS.get(DEFAULT_GPU.get(arch, ""))
+        if spec is not None:
+            marks[f"{spec.name} L2"] = spec.rows_in_l2(row_bytes)
+    return marks
+
+
+def _p_locality(s: RunSource) -> PanelOutput:
+    raw = s.run.locality_raw
+    names = order_datasets(raw)
+    ks = sorted({int(k) for d in raw.values() for k in (d.get("top_k_coverage") or {})})
+    qs = [q for q in ("p50", "p90", "p99") if any(q in (d.get("reuse_distance_quantiles") or {}) for d in raw.values())]
+    rows = []
+    for ds in names:
+        d = raw[ds]
+        rows.append({"dataset": ds, **d, **{f"top_{k}": (d.get("top_k_coverage") or {}).get(str(k)) for k in ks},
+                     **{f"q_{q}": (d.get("reuse_distance_quantiles") or {}).get(q) for q in qs}})
+    spec = [("dataset", lambda r: Cell(r["dataset"], "code")),
+            ("lookups", _col("lookups")),
+            ("unique rows", lambda r: Cell(fmt_num(r.get("unique_rows")) + (
+                f" ({100 * r['unique_rows'] / r['rows']:.1f}% of {fmt_num(r['rows'])})" if r.get("rows") else ""),
+                "num")),
+            ("first reads", lambda r: Cell(fmt_pct(100 * r["cold_fraction"]) if not _isnan(r.get("cold_fraction"))
+                                           else "–", "num"))]
+    spec += [(f"top-{k:,} coverage", (lambda k: lambda r: Cell(fmt_pct(100 * r[f"top_{k}"])
+                                                                if not _isnan(r.get(f"top_{k}")) else "–", "num"))(k))
+             for k in ks]
+    spec += [(f"reuse {q}", _col(f"q_{q}")) for q in qs]
+    spec += [("bytes touched", _col("bytes_touched", fmt_bytes))]
+    blocks: list[Any] = [_table(rows, spec, caption="One table of each dataset (tables share a distribution)",
+                                note="reuse distance: distinct rows read between two reads of the same row; "
+                                     "top-K coverage: fraction of lookups that hit the K most frequent rows")]
+    descs = [(ds, raw[ds].get("description")) for ds in names if raw[ds].get("description")]
+    if descs:
+        blocks.append(_kv(descs, caption="Dataset definitions"))
+    row_bytes = next((d.get("row_bytes") for d in raw.values() if d.get("row_bytes")), None)
+    mode = "no caches or clocks involved; dotted lines: rows of this size that fill each target GPU's L2"
+    blocks.append(_figure_block(coverage_figure(raw, _l2_marks(s, row_bytes), "Top-K coverage per dataset"),
+                                "Top-K coverage", f"{PROVENANCE['trace'].label}: {mode}"))
+    if any(d.get("reuse_histogram") for d in raw.values()):
+        blocks.append(_figure_block(reuse_figure(raw, "Reuse-distance distribution"), "Reuse-distance distribution",
+                                    f"{PROVENANCE['trace'].label}; log2 bins; first reads (no earlier read) in the "
+                                    "legend"))
+    return PanelOutput(blocks)
+
+
+# ---------------------------------------------------------------- run: static
+def _p_static(s: RunSource) -> PanelOutput:
+    d = _order(s.static_config)
+    spec = [("variant", lambda r: Cell(str(r["variant"]), "code")), ("arch", _col("arch", _txt, "")),
+            ("role", _col("role", _txt, "")),
+            ("cap", lambda r: Cell("none" if _isnan(r.get("maxrregcount")) else fmt_num(r["maxrregcount"]), "num")),
+            ("kernel", lambda r: Cell(_txt(r.get("kernel")), "code")),
+            ("registers", _col("registers")), ("spill stores (B)", _col("spill_stores")),
+            ("spill loads (B)", _col("spill_loads")), ("stack (B)", _col("stack_frame")),
+            ("shared (B)", _col("shared_mem")), ("block", _col("block_size")), ("blocks/SM", _col("blocks_per_sm")),
+            ("theoretical occupancy", _col("theoretical_occupancy_pct", fmt_pct)),
+            ("limiter", _col("limiter", _txt, ""))]
+    blocks: list[Any] = [_table(d, spec, caption="Kernels as each variant is configured (cap: -maxrregcount)")]
+    look = d[d["role"] == "lookup"] if "role" in d.columns else d
+    if not look.empty and "theoretical_occupancy_pct" in look.columns:
+        blocks.append(_figure_block(static_occupancy_figure(look, "Theoretical occupancy of the lookup kernels"),
+                                    "Theoretical occupancy", f"{PROVENANCE['static'].label}: ptxas + occupancy "
+                                    "calculator; no caches or clocks involved"))
+    return PanelOutput(blocks)
+
+
+def _p_sweep(s: RunSource) -> PanelOutput:
+    d = _order(s.static_sweep)
+    fig = register_sweep_figure(d, "Register sweep")
+    spec = [("variant", lambda r: Cell(str(r["variant"]), "code")), ("arch", _col("arch", _txt, "")),
+            ("-maxrregcount", _col("maxrregcount")), ("registers", _col("registers")),
+            ("spill st/ld (B)", lambda r: Cell(f"{fmt_num(r.get('spill_stores'))} / {fmt_num(r.get('spill_loads'))}",
+                                               "num")),
+            ("blocks/SM", _col("blocks_per_sm")), ("theoretical occupancy", _col("theoretical_occupancy_pct", fmt_pct)),
+            ("limiter", _col("limiter", _txt, ""))]
+    return PanelOutput([
+        _figure_block(fig, "Register sweep", f"{PROVENANCE['static'].label}: each cap compiled with nvcc; "
+                      "no caches or clocks involved"),
+        DetailsBlock(f"Register-sweep table ({len(d)} rows)", [_table(d, spec)])])
+
+
+# ---------------------------------------------------------------- run: timing
+def _p_latency(s: RunSource) -> PanelOutput:
+    blocks: list[Any] = []
+    prov = PROVENANCE[s.timing_provenance].label
+    for mode in s.modes:
+        sp = _order(analyze.speedups(s.bench_ok, mode))
+        if sp.empty:
+            continue
+        blocks.append(_figure_block(latency_figure(sp, f"Latency per table launch, {mode}"),
+                                    f"Latency ({mode})", f"{prov}; {s.timing_mode(mode)}; error bars: 95% CI",
+                                    stamp=s.timing_stamp))
+        spec = [*POINT_COLS,
+                ("latency (µs)", lambda r: Cell(fmt_ci(r["latency_us"], r["latency_ci95_us"]), "num")),
+                ("reps", _col("reps")), ("stable", lambda r: Cell(fmt_num(r.get("stable")), "")),
+                ("vs base", lambda r: Cell(fmt_x(r.get("speedup_vs_base"), r.get("speedup_vs_base_ci95")), "num")),
+                ("vs torch", lambda r: Cell(fmt_x(r.get("speedup_vs_torch"), r.get("speedup_vs_torch_ci95")), "num"))]
+        blocks.append(_table(sp, spec, caption=f"{mode}: latency per table launch (mean ± 95% CI) and speedups "
+                                               f"(> 1: faster) — {prov}",
+                             note="stable: the CI is within the experiment's target"))
+    if s.emulated:
+        blocks.insert(0, NoteBlock("CPU-emulation timings: they check the harness, NOT GPU performance.", "warning"))
+    return PanelOutput(blocks, modes="; ".join(s.timing_mode(m) for m in s.modes))
+
+
+def _p_speedup(s: RunSource) -> PanelOutput:
+    blocks: list[Any] = []
+    prov = PROVENANCE[s.timing_provenance].label
+    for mode in s.modes:
+        sp = _order(analyze.speedups(s.bench_ok, mode))
+        for ref in ("base", "torch"):
+            col = f"speedup_vs_{ref}"
+            if sp.empty or col not in sp.columns or sp[col].notna().sum() == 0:
+                blocks.append(NoteBlock(f"{mode}: no speedup over {ref}: {ref} was not timed in this mode."))
+                continue
+            blocks.append(_figure_block(speedup_figure(sp, ref, f"Speedup over {ref}, {mode}"),
+                                        f"Speedup over {ref} ({mode})",
+                                        f"{prov}; {s.timing_mode(mode)}; ratio of means, error bars: 95% CI "
+                                        "(delta method)", stamp=s.timing_stamp))
+    return PanelOutput(blocks, modes="; ".join(s.timing_mode(m) for m in s.modes))
+
+
+def _p_bandwidth(s: RunSource) -> PanelOutput:
+    peak = s.gpu.get("hbm_GBps")
+    blocks: list[Any] = []
+    if peak:
+        blocks.append(NoteBlock(f"HBM peak of {s.gpu.get('name') or s.gpu.get('key') or 'the GPU'}: "
+                                f"{fmt_num(peak)} GB/s (vendor figure from the spec table); a gather that reads "
+                                "each row once cannot beat it, so the gap shows how latency-bound a point is."))
+    else:
+        blocks.append(NoteBlock("No GPU peak bandwidth is recorded for this run (meta.json has no GPU), so the "
+                                "effective bandwidth is shown without the HBM peak line."))
+    prov = PROVENANCE[s.timing_provenance].label
+    for mode in s.modes:
+        sp = _order(analyze.speedups(s.bench_ok, mode))
+        if sp.empty or "effective_GBps" not in sp.columns:
+            continue
+        sp = sp.copy()
+        sp["peak_pct"] = 100 * sp["effective_GBps"] / peak if peak else np.nan
+        blocks.append(_figure_block(bandwidth_figure(sp, peak, f"Effective bandwidth against the HBM peak, {mode}"),
+                                    f"Effective bandwidth ({mode})",
+                                    f"{prov}; {s.timing_mode(mode)}; effective bandwidth = bytes a table launch must "
+                                    "move (rows gathered + indices + offsets + output) / its mean time",
+                                    stamp=s.timing_stamp))
+        spec = [*POINT_COLS,
+                ("effective GB/s", _col("effective_GBps")),
+                ("% of HBM peak", lambda r: Cell(fmt_pct(r.get("peak_pct")), "num"))]
+        blocks.append(DetailsBlock(f"{mode}: effective bandwidth table", [_table(sp, spec)]))
+    return PanelOutput(blocks, modes="; ".join(s.timing_mode(m) for m in s.modes))
+
+
+PREPASS_VARIANTS = ("l2p", "l2w", "combined")
+
+
+def _p_prepass(s: RunSource) -> PanelOutput:
+    b = s.bench_ok
+    if not (b["variant"] == "base").any():
+        raise Missing("base was not timed, so there is no speedup over base")
+    if not b["variant"].isin(PREPASS_VARIANTS).any():
+        raise Missing("no variant with an L2 pre-pass or window (l2p, l2w, combined) was timed in this run")
+    blocks: list[Any] = []
+    prov = PROVENANCE[s.timing_provenance].label
+    for mode in s.modes:
+        ex = analyze.speedups(b, mode, against=("base",))
+        inc = analyze.speedups(b, mode, against=("base",), include_prepass=True)
+        if ex.empty:
+            continue
+        m = ex.merge(inc[["variant", "dataset", "latency_us", "latency_ci95_us", "speedup_vs_base",
+                          "speedup_vs_base_ci95"]], on=["variant", "dataset"], suffixes=("", "_incl"))
+        m = _order(m[m["variant"].isin(PREPASS_VARIANTS + ("base",))])
+        if "prepass_per_table_us" not in m.columns:
+            m["prepass_per_table_us"] = np.nan
+        spec = [*POINT_COLS,
+                ("kernel (µs)", lambda r: Cell(fmt_ci(r["latency_us"], r["latency_ci95_us"]), "num")),
+                ("pre-pass (µs)", _col("prepass_per_table_us")),
+                ("kernel + pre-pass (µs)",
+                 lambda r: Cell(fmt_ci(r["latency_us_incl"], r["latency_ci95_us_incl"]), "num")),
+                ("vs base, pre-pass excluded",
+                 lambda r: Cell(fmt_x(r["speedup_vs_base"], r["speedup_vs_base_ci95"]), "num")),
+                ("vs base, pre-pass included", lambda r: Cell(fmt_x(r["speedup_vs_base_incl"],
+                                                                    r["speedup_vs_base_ci95_incl"]), "num"))]
+        pm = m[m["variant"].isin(PREPASS_VARIANTS)]
+        blocks.append(_figure_block(prepass_figure(pm, f"Lookup kernel and L2 pre-pass per table launch, {mode}"),
+                                    f"Pre-pass ({mode})", f"{prov}; {s.timing_mode(mode)}",
+                                    stamp=s.timing_stamp))
+        blocks.append(_table(m, spec, caption=f"{mode}: pre-pass excluded (as the paper reports) and included "
+                                              f"— {prov}"))
+    return PanelOutput(blocks, modes="; ".join(s.timing_mode(m) for m in s.modes))
+
+
+# ------------------------------------------------------------------- run: ncu
+_NCU_COLS = ["achieved_occupancy_pct", "theoretical_occupancy_pct", "registers_per_thread", "l1_hit_rate_pct",
+             "l2_hit_rate_pct", "dram_bytes_read", "duration_ns"]
+
+
+def _ncu_groups(s: RunSource) -> list[tuple[str, Any, Any, pd.DataFrame]]:
+    """(mode text, cache, clock, per-point means of the lookup kernels) per collection mode."""
+    k = s.lookup
+    if k.empty:
+        raise Missing("no lookup kernels among the profiled kernels")
+    k = k.copy()
+    for c in ("cache_control", "clock_control"):
+        if c not in k.columns:
+            k[c] = ""
+        k[c] = k[c].fillna("").astype(str)
+    out = []
+    for (cache, clock), g in k.groupby(["cache_control", "clock_control"], sort=True):
+        cols = [c for c in _NCU_COLS if c in g.columns]
+        agg = g.groupby(["variant", "dataset"], as_index=False).agg(
+            **{c: (c, "mean") for c in cols}, kernels=("kernel_id", "size"))
+        out.append((s.ncu_mode(cache or None, clock or None), cache, clock, _order(agg)))
+    return out
+
+
+def _ncu_prov_modes(s: RunSource) -> str:
+    return "; ".join(mode for mode, *_ in _ncu_groups(s))
+
+
+def _p_occupancy(s: RunSource) -> PanelOutput:
+    blocks: list[Any] = []
+    for mode, _, _, agg in _ncu_groups(s):
+        blocks.append(_figure_block(occupancy_figure(agg, "Achieved vs theoretical occupancy (lookup kernels)"),
+                                    "Occupancy", f"{PROVENANCE['ncu'].label}; {mode}"))
+        spec = [*POINT_COLS,
+                ("kernels", _col("kernels")), ("registers/thread", _col("registers_per_thread")),
+                ("theoretical", _col("theoretical_occupancy_pct", fmt_pct)),
+                ("achieved", _col("achieved_occupancy_pct", fmt_pct))]
+        blocks.append(_table(agg, spec, caption=f"Mean over the profiled lookup kernels of each point — {mode}"))
+    return PanelOutput(blocks, modes=_ncu_prov_modes(s))
+
+
+def _p_stalls(s: RunSource) -> PanelOutput:
+    blocks: list[Any] = []
+    k = s.lookup.copy()
+    for c in ("cache_control", "clock_control"):
+        k[c] = k[c].fillna("").astype(str) if c in k.columns else ""
+    for (cache, clock), g in k.groupby(["cache_control", "clock_control"], sort=True):
+        st = analyze.stall_breakdown(g)
+        mode = s.ncu_mode(cache or None, clock or None)
+        if st.empty or st["cycles"].fillna(0).sum() == 0:
+            blocks.append(NoteBlock(f"No warp-stall metrics in the reports ({mode}); the WarpStateStats section "
+                                    "was not collected."))
+            continue
+        blocks.append(_figure_block(stall_figure(st, "Warp-stall breakdown (lookup kernels)"), "Warp stalls",
+                                    f"{PROVENANCE['ncu'].label}; {mode}; cycles per issued instruction "
+                                    "(smsp__average_warps_issue_stalled_*_per_issue_active)"))
+        totals = st.groupby("reason")["cycles"].sum().sort_values(ascending=False)
+        top = [r for r in totals.index if totals[r] > 0][:6]
+        wide = st.pivot_table(index=["variant", "dataset"], columns="reason", values="cycles").reset_index()
+        wide["total"] = wide[[c for c in wide.columns if c not in ("variant", "dataset")]].sum(axis=1)
+        spec = list(POINT_COLS)
+        spec += [(r.replace("_", " "), _col(r)) for r in top] + [("all reasons", _col("total"))]
+        blocks.append(_table(_order(wide), spec,
+                             caption=f"Stall cycles per issued instruction, largest reasons — {mode}"))
+    return PanelOutput(blocks, modes=_ncu_prov_modes(s))
+
+
+def _p_memory(s: RunSource) -> PanelOutput:
+    blocks: list[Any] = []
+    for mode, cache, _, agg in _ncu_groups(s):
+        note = "" if cache == "none" else \
+            " L2 pinning is invisible under this mode: caches were flushed before each kernel."
+        rates = ["l1_hit_rate_pct", "l2_hit_rate_pct"]
+        if set(rates) <= set(agg.columns) and agg[rates].notna().any().any():
+            blocks.append(_figure_block(hit_rate_figure(agg, "L1 and L2 hit rates (lookup kernels)"), "Hit rates",
+                                        f"{PROVENANCE['ncu'].label}; {mode}.{note}"))
+        if "dram_bytes_read" in agg.columns and agg["dram_bytes_read"].notna().any():
+            blocks.append(_figure_block(dram_figure(agg, "DRAM bytes read (lookup kernels)"), "DRAM bytes",
+                                        f"{PROVENANCE['ncu'].label}; {mode}"))
+        spec = [*POINT_COLS,
+                ("L1 hit", _col("l1_hit_rate_pct", fmt_pct)), ("L2 hit", _col("l2_hit_rate_pct", fmt_pct)),
+                ("DRAM read", _col("dram_bytes_read", fmt_bytes)),
+                ("duration (µs, under ncu)", lambda r: Cell(fmt_num(r.get("duration_ns", np.nan) / 1e3), "num"))]
+        blocks.append(_table(agg, spec, caption=f"Memory hierarchy per point — {mode}",
+                             note="durations under the profiler (replay, locked clocks) are not latencies; "
+                                  "the Timing section has those"))
+    return PanelOutput(blocks, modes=_ncu_prov_modes(s))
+
+
+def _p_kernels(s: RunSource) -> PanelOutput:
+    k = _order(s.kernels)
+    return PanelOutput([kernel_table(k, "Every profiled kernel (lookup kernels and L2 pre-pass kernels)")],
+                       modes="; ".join(s.ncu_mode(st["cache_control"], st["clock_control"]) for st in s.ncu_settings))
+
+
+def _p_rules(s: RunSource) -> PanelOutput:
+    blocks: list[Any] = []
+    points = [p for p in s.profile_points if p.get("status") == "ok" and p.get("report")]
+    if not points:
+        raise Missing(_points_missing(s, "profile", _PROFILE_HINT))
+    for p in _order(pd.DataFrame(points)).to_dict("records"):
+        path = s.run.path / p["report"]
+        head = f"{p['variant']} · {p['dataset']} (cache-control {p.get('cache_control') or '?'}, " \
+               f"clock-control {p.get('clock_control') or '?'})"
+        try:
+            rules = rule_results(path, run=s.run.name, allow_partial=True)
+        except CharacterizeError as e:
+            blocks.append(NoteBlock(f"{head}: rule findings could not be read: {e}", "warning"))
+            continue
+        if rules.empty:
+            blocks.append(NoteBlock(f"{head}: the report holds no rule findings."))
+            continue
+        blocks.append(DetailsBlock(f"{head}: {len(rules)} finding(s)", rule_blocks(rules)))
+    return PanelOutput(blocks, modes="; ".join(s.ncu_mode(st["cache_control"], st["clock_control"])
+                                               for st in s.ncu_settings))
+
+
+# ----------------------------------------------------------------- run: model
+def _predicted_headline(d: pd.DataFrame, gpu: str) -> TableBlock:
+    """Technique x hotness -> predicted speedup over base, beside the paper's claims."""
+    table = d.pivot_table(index="variant", columns="dataset", values="speedup_vs_base", aggfunc="mean")
+    datasets = order_datasets(table.columns)
+    rows = []
+    for v in _order(pd.DataFrame({"variant": table.index}))["variant"]:
+        vals = [table.loc[v, ds] for ds in datasets]
+        best = max((x for x in vals if not _isnan(x)), default=np.nan)
+        rows.append([Cell(v, "code")] + [Cell(fmt_x(x), "num") for x in vals] +
+                    [Cell("–" if _isnan(best) else f"{100 * (best - 1):+.0f}%", "num"),
+                     Cell(PAPER_CLAIMS[v].text if v in PAPER_CLAIMS else "", "claim")])
+    return TableBlock(["variant"] + datasets + ["best over base", "paper (A100, embedding stage)"], rows,
+                      caption=f"PREDICTED speedup over base{' on ' + gpu if gpu else ''} (model, not a measurement)")
+
+
+def _p_predictions(s: RunSource) -> PanelOutput:
+    p = s.predictions.copy()
+    lacking = sorted({"variant", "dataset"} - set(p.columns))
+    if lacking:
+        raise Missing(f"predictions.csv lacks the column(s) {', '.join(lacking)}")
+    blocks: list[Any] = [NoteBlock("Model predictions, not measurements.", "prediction")]
+    if "mode" in p.columns:
+        p = p[p["mode"].fillna("steady") == "steady"] if (p["mode"] == "steady").any() else p
+    gpus = list(dict.fromkeys(p["gpu"].astype(str))) if "gpu" in p.columns else [""]
+    mine = s.gpu.get("key")
+    gpus.sort(key=lambda g: (g != mine, g))
+    for gpu in gpus[:4]:
+        d = _order(p[p["gpu"].astype(str) == gpu] if gpu else p)
+        if "speedup_vs_base" in d.columns and d["speedup_vs_base"].notna().any():
+            fig = prediction_figure(d, gpu, f"Predicted speedup over base{', ' + gpu if gpu else ''}")
+            blocks.append(_figure_block(fig,
+                                        f"Predicted speedup ({gpu})", f"{PROVENANCE['model'].label} (PREDICTION), "
+                                        "steady mode (L2 warm)", stamp=PREDICTION_STAMP))
+            blocks.append(_predicted_headline(d, gpu))
+    spec = list(POINT_COLS)
+    for col, head, f in (("gpu", "GPU", _txt), ("arch", "arch", _txt), ("time_us", "predicted time (µs)", fmt_num),
+                         ("speedup_vs_base", "predicted vs base", fmt_x),
+                         ("l2_hit_rate_pct", "predicted L2 hit", fmt_pct),
+                         ("dram_bytes", "predicted DRAM bytes", fmt_bytes),
+                         ("l2_bytes", "predicted L2 bytes", fmt_bytes),
+                         ("bound", "bound by", _txt), ("constants", "constants", _txt), ("note", "note", _txt)):
+        if col in p.columns:
+            spec.append((head, _col(col, f, "num" if f is not _txt else "")))
+    blocks.append(DetailsBlock(f"Prediction table ({len(p)} rows)", [_table(_order(p), spec,
+                                                                            caption="PREDICTED by the model")]))
+    v = s.run.model_validation
+    if not v.empty:
+        vspec = [(c, _col(c, _txt)) for c in ("claim", "paper", "model", "agrees", "gpu", "constants") if c in v.columns]
+        blocks.append(_table(v, vspec, caption="The model against the MICRO 2024 paper's A100 claims (paper "
+                                               "configuration on sm_80; model PREDICTIONS vs published measurements)"))
+    return PanelOutput(blocks)
+
+
+def _p_predicted_vs_measured(s: RunSource) -> PanelOutput:
+    if s.emulated:
+        raise Missing("the timings are CPU emulation; predictions of GPU time are compared with GPU measurements "
+                      "only")
+    key = s.gpu.get("key")
+    p = s.predictions
+    if not {"variant", "dataset", "time_us"} <= set(p.columns):
+        raise Missing("predictions.csv has no variant/dataset/time_us columns to compare")
+    if not key:
+        raise Missing("the run records no GPU, so there is no measurement to compare predictions with")
+    if "gpu" in p.columns:
+        p = p[p["gpu"].astype(str) == key]
+    if p.empty:
+        raise Missing(f"predictions.csv has no rows for this run's GPU ({key})")
+    blocks: list[Any] = []
+    for mode in s.modes:
+        meas = analyze.speedups(s.bench_ok, mode, against=())
+        pm = p[p["mode"] == mode] if "mode" in p.columns else (p if mode == "steady" else p.iloc[0:0])
+        m = meas.merge(pm[["variant", "dataset", "time_us"]], on=["variant", "dataset"], how="inner")
+        if m.empty:
+            continue
+        m = _order(m.rename(columns={"latency_us": "measured_us", "time_us": "predicted_us"}))
+        m["error_pct"] = 100 * (m["predicted_us"] - m["measured_us"]) / m["measured_us"]
+        blocks.append(_figure_block(predicted_vs_measured_figure(m, f"Predicted vs measured time, {mode}"),
+                                    f"Predicted vs measured ({mode})",
+                                    f"x: {PROVENANCE[s.timing_provenance].label} ({s.timing_mode(mode)}); "
+                                    f"y: {PROVENANCE['model'].label} (PREDICTION)", stamp=PREDICTION_STAMP))
+        gm = 100 * gmae(m["predicted_us"], m["measured_us"])
+        spec = [*POINT_COLS,
+                ("measured (µs)", lambda r: Cell(fmt_ci(r["measured_us"], r["latency_ci95_us"]), "num")),
+                ("predicted (µs)", _col("predicted_us")), ("error", _col("error_pct", fmt_pct))]
+        blocks.append(_table(m, spec, caption=f"{mode}: prediction against measurement",
+                             note=f"geometric mean of |relative error| (GMAE, model.gmae): {gm:.1f}%"))
+    k = s.lookup
+    if not k.empty and "l2_hit_rate_pct" in p.columns and "l2_hit_rate_pct" in k.columns:
+        kk = k[k.get("cache_control", pd.Series("", index=k.index)).astype(str) == "none"]
+        if not kk.empty:
+            meas = kk.groupby(["variant", "dataset"], as_index=False)["l2_hit_rate_pct"].mean()
+            pm = p[p["mode"] == "steady"] if "mode" in p.columns else p
+            m = meas.merge(pm[["variant", "dataset", "l2_hit_rate_pct"]], on=["variant", "dataset"],
+                           suffixes=("_measured", "_predicted"))
+            if not m.empty:
+                spec = [("variant", lambda r: Cell(str(r["variant"]), "code")),
+                        ("dataset", lambda r: Cell(str(r["dataset"]), "code")),
+                        ("measured L2 hit (ncu)", _col("l2_hit_rate_pct_measured", fmt_pct)),
+                        ("predicted L2 hit (model)", _col("l2_hit_rate_pct_predicted", fmt_pct))]
+                gm = 100 * gmae(m["l2_hit_rate_pct_predicted"], m["l2_hit_rate_pct_measured"])
+                blocks.append(_table(_order(m), spec, caption="L2 hit rate: Nsight Compute with "
+                                     "--cache-control none against the model's PREDICTION",
+                                     note=f"geometric mean of |relative error| (GMAE): {gm:.1f}%"))
+    if not blocks:
+        raise Missing("no (variant, dataset) point has both a prediction and a measurement")
+    return PanelOutput(blocks)
+
+
+def _p_failures(s: RunSource) -> PanelOutput:
+    f = s.failures  # failed points and unreadable reports (store.Run.failures)
+    if f.empty:
+        return PanelOutput([NoteBlock("No failed points.")])
+    spec = [("kind", lambda r: Cell(str(r["kind"]), "")), ("variant", lambda r: Cell(str(r["variant"]), "code")),
+            ("dataset", lambda r: Cell(str(r["dataset"]), "code")), ("error", lambda r: Cell(_txt(r["error"]), "msg"))]
+    return PanelOutput([_table(_order(f), spec, caption=f"{len(f)} point(s) failed; the other points are unaffected")])
+
+
+RUN_PANELS: tuple[Panel, ...] = (
+    Panel("environment", "Environment", S_OVERVIEW, ("meta",), ("meta",),
+          "GPU, driver, clocks, collection modes, versions and command line as recorded in meta.json and the "
+          "point files", _p_environment),
+    Panel("contents", "What this run holds", S_OVERVIEW, (), ("meta",),
+          "which stages left results in the run directory, and why the others did not", _p_contents),
+    Panel("headline", "Headline: technique × hotness → speedup over base", S_OVERVIEW, ("bench",), _timing_prov,
+          "analyze.headline(): ratio of the mean per-table latency of base to that of each variant, per dataset, "
+          "set beside the MICRO 2024 paper's A100 claims (analysis.claims.PAPER_CLAIMS)", _p_headline),
+    Panel("locality", "Trace locality per dataset", S_LOCALITY, ("locality",), ("trace",),
+          "unique rows, top-K coverage and reuse distances of one table's index stream per dataset "
+          "(locality.json, exact reuse distances)", _p_locality),
+    Panel("static", "Registers, spills and theoretical occupancy", S_STATIC, ("static",), ("static",),
+          "each variant compiled with nvcc per architecture as configured; ptxas -v resources into the occupancy "
+          "calculator (static.csv rows with sweep = False)", _p_static),
+    Panel("sweep", "Register sweep", S_STATIC, ("sweep",), ("static",),
+          "the lookup kernels recompiled with each -maxrregcount of the experiment (static.csv rows with "
+          "sweep = True)", _p_sweep),
+    Panel("latency", "Latency per variant and dataset", S_TIMING, ("bench",), _timing_prov,
+          "mean per-table latency with its 95% CI, per timing mode (analyze.speedups)", _p_latency),
+    Panel("speedup", "Speedup over base and over torch", S_TIMING, ("bench",), _timing_prov,
+          "ratio of means with a 95% CI by the delta method (analyze.speedups)", _p_speedup),
+    Panel("bandwidth", "Effective bandwidth against the GPU's peak", S_TIMING, ("bench",), _timing_prov,
+          "bytes a table launch must move / mean latency, against the HBM peak of the run's GPU "
+          "(meta.json gpu.hbm_GBps)", _p_bandwidth),
+    Panel("prepass", "L2 pre-pass included and excluded", S_TIMING, ("bench",), _timing_prov,
+          "lookup-kernel time and the time of the L2 pre-pass before it, timed separately with events; speedups "
+          "with the pre-pass excluded (as the paper counts) and included", _p_prepass),
+    Panel("occupancy", "Achieved vs theoretical occupancy", S_NCU, ("profile",), ("ncu",),
+          "sm__warps_active (achieved) and sm__maximum_warps_per_active_cycle_pct (theoretical) of the profiled "
+          "lookup kernels, averaged per point", _p_occupancy),
+    Panel("stalls", "Warp-stall breakdown", S_NCU, ("profile",), ("ncu",),
+          "WarpStateStats stall reasons in cycles per issued instruction (analyze.stall_breakdown)", _p_stalls),
+    Panel("memory", "L1/L2 hit rates and DRAM traffic", S_NCU, ("profile",), ("ncu",),
+          "l1tex__t_sector_hit_rate, lts__t_sector_hit_rate and dram__bytes_read of the lookup kernels",
+          _p_memory),
+    Panel("kernels", "Every profiled kernel", S_NCU, ("profile",), ("ncu",),
+          "one row per kernel in the run's reports (extract.wide)", _p_kernels),
+    Panel("rules", "Nsight Compute rule findings per point", S_RULES, ("profile",), ("ncu",),
+          "ncu's own guided-analysis rules as stored in each point's report (extract.rule_results)", _p_rules),
+    Panel("predictions", "Model predictions", S_MODEL, ("predictions",), ("model",),
+          "predictions.csv written by the model step; predictions, not measurements", _p_predictions),
+    Panel("predicted-vs-measured", "Predicted vs measured", S_MODEL, ("predictions", "bench"),
+          lambda s: ("model", s.timing_provenance),
+          "predictions for the run's GPU joined with the measured points (and ncu L2 hit rates collected with "
+          "--cache-control none)", _p_predicted_vs_measured),
+    Panel("failures", "Failed points", S_FAIL, (), ("meta",),
+          "points whose bench or profile step failed, with the recorded error (Run.failures)", _p_failures),
+)
+

@@ -1,0 +1,223 @@
+"""Report stage, sources: a stored run or an imported Nsight Compute file, opened once,
+with the frames panels read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from characterize.analysis import compare as analyze
+from characterize.errors import CharacterizeError, ReportError
+from characterize.extract.read import read_any, wide
+from characterize.extract.rules import rule_results
+from characterize.report.blocks import EMULATION_STAMP
+from characterize.report.provenance import TIMING_MODES, ncu_mode_text
+from characterize.store import Run, load_run
+
+
+# ==================================================================== sources
+class RunSource:
+    """A stored run, with the frames panels need computed once (and errors kept as reasons)."""
+
+    kind = "run"
+
+    def __init__(self, run: Run, index: int):
+        self.run = run
+        self.index = index
+        self.slug = f"s{index}"
+        self.label = run.name
+        self.errors: dict[str, str] = {}
+
+    # ------------------------------------------------------------- raw data
+    @property
+    def meta(self) -> dict:
+        return self.run.meta or {}
+
+    @cached_property
+    def bench_points(self) -> list[dict]:
+        return self.run.points("bench")
+
+    @cached_property
+    def profile_points(self) -> list[dict]:
+        return self.run.points("profile")
+
+    @cached_property
+    def bench(self) -> pd.DataFrame:
+        return self.run.bench
+
+    @cached_property
+    def bench_ok(self) -> pd.DataFrame:
+        b = self.bench
+        if b.empty or "status" not in b.columns:
+            return pd.DataFrame()
+        return b[b["status"] == "ok"].reset_index(drop=True)
+
+    @cached_property
+    def modes(self) -> list[str]:
+        if self.bench_ok.empty or "mode" not in self.bench_ok.columns:
+            return []
+        present = list(dict.fromkeys(self.bench_ok["mode"].astype(str)))
+        return [m for m in ("steady", "cold") if m in present] + [m for m in present if m not in ("steady", "cold")]
+
+    @property
+    def unreadable_reports(self) -> list[dict]:
+        """Profiled points whose report could not be read (filled while reading metrics)."""
+        return self.run.unreadable_reports
+
+    @cached_property
+    def metrics(self) -> pd.DataFrame:
+        m = self.run.metrics
+        if m.empty and self.unreadable_reports:
+            self.errors["profile"] = "; ".join(f"{u['variant']} {u['dataset']}: {u['error']}"
+                                               for u in self.unreadable_reports)
+        return m
+
+    @cached_property
+    def kernels(self) -> pd.DataFrame:
+        return self.run.kernels
+
+    @cached_property
+    def lookup(self) -> pd.DataFrame:
+        return analyze.lookup_kernels(self.kernels) if not self.kernels.empty else pd.DataFrame()
+
+    @cached_property
+    def static(self) -> pd.DataFrame:
+        try:
+            s = self.run.static
+        except CharacterizeError as e:
+            self.errors["static"] = str(e)
+            return pd.DataFrame()
+        if not s.empty and "sweep" in s.columns:
+            s = s.copy()
+            s["sweep"] = s["sweep"].astype(str).str.lower().isin(["true", "1", "1.0"])
+        return s
+
+    @cached_property
+    def static_config(self) -> pd.DataFrame:
+        s = self.static
+        return s[~s["sweep"]].reset_index(drop=True) if not s.empty and "sweep" in s.columns else s
+
+    @cached_property
+    def static_sweep(self) -> pd.DataFrame:
+        s = self.static
+        if s.empty or "sweep" not in s.columns:
+            return pd.DataFrame()
+        d = s[s["sweep"]]
+        if "role" in d.columns:
+            d = d[d["role"] == "lookup"]
+        return d.reset_index(drop=True)
+
+    @cached_property
+    def predictions(self) -> pd.DataFrame:
+        try:
+            return self.run.predictions
+        except CharacterizeError as e:
+            self.errors["predictions"] = str(e)
+            return pd.DataFrame()
+
+    @cached_property
+    def failures(self) -> pd.DataFrame:
+        return self.run.failures
+
+    # ---------------------------------------------------------- provenance
+    @cached_property
+    def emulated(self) -> bool:
+        """True when the timings come from the CPU-emulation backend."""
+        if self.meta.get("backend") == "emulate":
+            return True
+        return any(p.get("backend") == "emulate" for p in self.bench_points)
+
+    @property
+    def timing_provenance(self) -> str:
+        return "cpu-emulation" if self.emulated else "cuda-events"
+
+    @property
+    def timing_stamp(self) -> str | None:
+        return EMULATION_STAMP if self.emulated else None
+
+    def timing_mode(self, mode: str) -> str:
+        clocks = "CPU emulation: no GPU caches or clocks involved" if self.emulated else \
+            "GPU clocks not locked (normal clocks)"
+        return f"{TIMING_MODES.get(mode, mode + ' mode')}; {clocks}"
+
+    @cached_property
+    def ncu_settings(self) -> list[dict]:
+        """Distinct collection settings of the finished profile points, with their point counts."""
+        seen: dict[tuple, int] = {}
+        for p in self.profile_points:
+            if p.get("status") != "ok":
+                continue
+            key = (p.get("cache_control"), p.get("clock_control"), p.get("replay_mode"), p.get("metric_set"),
+                   p.get("ncu_version"), p.get("scoping"))
+            seen[key] = seen.get(key, 0) + 1
+        return [{"cache_control": k[0], "clock_control": k[1], "replay_mode": k[2], "metric_set": k[3],
+                 "ncu_version": k[4], "scoping": k[5], "points": n} for k, n in seen.items()]
+
+    def ncu_mode(self, cache: Any, clock: Any) -> str:
+        replays = {s["replay_mode"] for s in self.ncu_settings
+                   if s["cache_control"] == cache and s["clock_control"] == clock and s["replay_mode"]}
+        return ncu_mode_text(cache, clock, ", ".join(sorted(replays)) or None)
+
+    @property
+    def gpu(self) -> dict:
+        return self.meta.get("gpu") or {}
+
+
+class ImportSource:
+    """An Nsight Compute report or CSV export of any application."""
+
+    kind = "import"
+
+    def __init__(self, path: Path, index: int):
+        self.path = path
+        self.index = index
+        self.slug = f"s{index}"
+        self.label = path.name
+        self.errors: dict[str, str] = {}
+        self.metrics = read_any(path, run=path.stem)
+        self.kernels = wide(self.metrics)
+
+    @cached_property
+    def rules(self) -> pd.DataFrame:
+        try:
+            return rule_results(self.path, run=self.path.stem, allow_partial=True)
+        except CharacterizeError as e:
+            self.errors["rules"] = str(e)
+            return pd.DataFrame()
+
+
+@dataclass
+class Pair:
+    """Two sources compared: `b` against the reference `a`."""
+
+    a: Any
+    b: Any
+    index: int
+
+    @property
+    def slug(self) -> str:
+        return f"c{self.index}"
+
+    @property
+    def label(self) -> str:
+        return f"{self.b.label} vs {self.a.label}"
+
+
+def open_source(src: Any, index: int) -> RunSource | ImportSource:
+    """A run directory, Run object, or report file as a report source."""
+    if isinstance(src, Run):
+        return RunSource(src, index)
+    p = Path(src)
+    if p.is_dir():
+        return RunSource(load_run(p), index)
+    if p.is_file():
+        return ImportSource(p, index)
+    raise ReportError(f"{p}: no such run directory or report file; give run directories (with meta.json), "
+                      ".ncu-rep files or ncu CSV exports")
+
+

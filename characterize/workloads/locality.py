@@ -1,0 +1,184 @@
+"""Workload stage, locality: what a trace offers a cache (unique rows, top-K coverage,
+exact reuse distances), independent of any kernel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Sequence
+
+import numpy as np
+
+from characterize.config import WorkloadConfig
+from characterize.errors import ConfigError, WorkloadError
+from characterize.workloads.presets import Hotness, parse_dataset
+from characterize.workloads.traces import generate_stream, load_dataset, load_trace
+
+
+# ----------------------------------------------------------------- statistics
+def _reuse_distances_py(idx: np.ndarray, rows: int) -> np.ndarray:
+    n = len(idx)
+    last = np.full(rows, -1, dtype=np.int64)
+    tree = np.zeros(n + 1, dtype=np.int64)
+    out = np.empty(n, dtype=np.int64)
+    for t in range(n):
+        r = idx[t]
+        p = last[r]
+        if p >= 0:
+            # distinct rows used in (p, t) = live markers at positions p+1 .. t-1
+            s = 0
+            i = t  # prefix sum over positions < t (1-based tree index t covers 0..t-1)
+            while i > 0:
+                s += tree[i]
+                i -= i & -i
+            i = p + 1
+            while i > 0:
+                s -= tree[i]
+                i -= i & -i
+            out[t] = s
+            i = p + 1
+            while i <= n:
+                tree[i] -= 1
+                i += i & -i
+        else:
+            out[t] = -1
+        i = t + 1
+        while i <= n:
+            tree[i] += 1
+            i += i & -i
+        last[r] = t
+    return out
+
+
+@lru_cache(maxsize=1)
+def _reuse_kernel():
+    try:
+        import numba
+    except ImportError:  # pragma: no cover - numba is a dependency
+        return _reuse_distances_py
+    return numba.njit(cache=True, nogil=True)(_reuse_distances_py)
+
+
+def reuse_distances(indices: np.ndarray) -> np.ndarray:
+    """For each lookup, the number of distinct other rows read since the previous read of
+    the same row (-1 on a first read). An LRU cache of C rows hits iff distance < C.
+    O(N log N) with a Fenwick tree over 'last use' markers."""
+    idx = np.ascontiguousarray(indices, dtype=np.int64)
+    if idx.size == 0:
+        return np.empty(0, dtype=np.int64)
+    if idx.max() >= 4 * idx.size + 1024:  # sparse ids: compact them first
+        _, idx = np.unique(idx, return_inverse=True)
+        idx = idx.astype(np.int64)
+    return _reuse_kernel()(idx, int(idx.max()) + 1)
+
+
+#: the paper's hot-row count K: 60K rows of 512 B (~29 MiB) is about an A100's persisting-L2 budget
+PAPER_HOT_ROWS = 60_000
+
+QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9, 0.99)
+
+
+@dataclass(frozen=True)
+class LocalityStats:
+    """Locality of one table's trace."""
+
+    lookups: int
+    unique_rows: int
+    rows: int | None                       # E, when known
+    row_bytes: int
+    top_k_coverage: dict[int, float]       # K -> fraction of lookups to the K hottest rows
+    reuse_distance_quantiles: dict[str, float]  # over re-reads only; "p50" -> distinct rows
+    cold_fraction: float                   # first reads / lookups
+    bytes_touched: int                     # unique rows x row bytes
+    reuse_histogram: tuple[tuple[int, int, float], ...]  # (lo, hi) distinct rows -> fraction of lookups
+
+    def to_json(self) -> dict:
+        return {
+            "lookups": self.lookups,
+            "unique_rows": self.unique_rows,
+            "rows": self.rows,
+            "row_bytes": self.row_bytes,
+            "top_k_coverage": {str(k): v for k, v in self.top_k_coverage.items()},
+            "reuse_distance_quantiles": self.reuse_distance_quantiles,
+            "cold_fraction": self.cold_fraction,
+            "bytes_touched": self.bytes_touched,
+            "reuse_histogram": [list(b) for b in self.reuse_histogram],
+        }
+
+
+def top_k_coverage(indices: np.ndarray, ks: Sequence[int]) -> dict[int, float]:
+    """Fraction of lookups that go to the K most frequent rows, for each K."""
+    _, counts = np.unique(indices, return_counts=True)
+    counts = np.sort(counts)[::-1]
+    csum = np.cumsum(counts)
+    n = len(indices)
+    return {int(k): float(csum[min(k, len(csum)) - 1] / n) if k > 0 else 0.0 for k in ks}
+
+
+def locality_stats(indices: np.ndarray, rows: int | None = None, row_bytes: int = 512,
+                   top_k: Sequence[int] = (PAPER_HOT_ROWS,), distances: np.ndarray | None = None) -> LocalityStats:
+    """Statistics of one table's lookups (pass precomputed `distances` to reuse them)."""
+    idx = np.asarray(indices, dtype=np.int64)
+    if idx.size == 0:
+        raise WorkloadError("no lookups to analyze")
+    d = reuse_distances(idx) if distances is None else distances
+    unique = int(np.count_nonzero(d < 0))
+    reused = d[d >= 0]
+    if reused.size:
+        qs = np.quantile(reused, QUANTILES)
+        quant = {f"p{int(q * 100)}": float(v) for q, v in zip(QUANTILES, qs)}
+    else:
+        quant = {f"p{int(q * 100)}": float("nan") for q in QUANTILES}
+    edges = [0] + [2**i for i in range(0, 40) if 2**i < max(2, int(d.max()) + 2) * 2]
+    hist = []
+    n = idx.size
+    hist.append((-1, -1, unique / n))
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        c = int(np.count_nonzero((d >= lo) & (d < hi)))
+        if c:
+            hist.append((lo, hi, c / n))
+    return LocalityStats(
+        lookups=int(n), unique_rows=unique, rows=rows, row_bytes=row_bytes,
+        top_k_coverage=top_k_coverage(idx, sorted(set(int(k) for k in top_k))),
+        reuse_distance_quantiles=quant, cold_fraction=unique / n, bytes_touched=unique * row_bytes,
+        reuse_histogram=tuple(hist))
+
+
+def lru_hit_rate(distances: np.ndarray, capacity_rows: float) -> float:
+    """Hit rate of a fully associative LRU cache holding `capacity_rows` rows."""
+    if distances.size == 0:
+        return 0.0
+    return float(np.count_nonzero((distances >= 0) & (distances < capacity_rows)) / distances.size)
+
+
+@dataclass(frozen=True)
+class SourceLocality:
+    """Locality of one table of a preset or trace file, with the table size it was read at."""
+
+    source: str
+    table: int
+    rows: int
+    row_bytes: int
+    stats: LocalityStats
+
+
+def source_locality(source: str, config: WorkloadConfig, *, rows: int | None = None, lookups: int | None = None,
+                    table: int = 0, top_k: Sequence[int] = ()) -> SourceLocality:
+    """Locality of `source`: a preset (its generated dataset, or a stream of exactly
+    `lookups`) or a trace file (E inferred unless `rows` is given). K defaults to the
+    paper's; callers add more (rows fitting an L2, say) through `top_k`."""
+    parsed = parse_dataset(source)
+    if isinstance(parsed, Hotness):
+        E = config.E
+        if lookups:
+            indices = generate_stream(parsed, E, lookups, seed=config.seed, table=table)
+        else:
+            indices = load_dataset(source, config, tables=[table]).tables[0].indices
+    else:
+        ds = load_trace(parsed, config, rows=rows)
+        if not 0 <= table < len(ds.tables):
+            raise ConfigError(f"table {table} not in {source} ({len(ds.tables)} tables)")
+        E, indices = ds.rows, ds.tables[table].indices
+    ks = sorted(set(top_k) | {PAPER_HOT_ROWS})
+    return SourceLocality(source, table, E, config.row_bytes, locality_stats(indices, E, config.row_bytes, ks))
