@@ -4,8 +4,9 @@ Every hardware fact the toolkit uses (occupancy limits, L2 and persisting-L2 siz
 HBM bandwidth, latencies for the model) lives in the two tables below, never inline
 in analysis code. `ARCHS` holds streaming-multiprocessor facts shared by every GPU of
 a compute capability; `GPUS` holds one representative product per architecture plus
-named products (A100 40 GB, H200, ...). When a GPU is present, `detect()` overlays
-what the driver reports (SM count, L2 size, memory, clocks) on the table entry.
+named products (A100 40 GB, H200, ...). When a GPU is present, `devices()` reads
+what the driver reports (SM count, L2 size, memory, clocks) and `DeviceInfo.spec()`
+overlays it on the table entry.
 """
 
 from __future__ import annotations

@@ -317,7 +317,7 @@ class Run:
 
 
 def load_run(path: str | Path) -> Run:
-    """Open a run directory (or a directory of runs' single member) for analysis."""
+    """Open a run directory for analysis."""
     p = Path(path)
     if not p.exists():
         raise RunDirError(f"{p}: no such run directory")

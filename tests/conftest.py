@@ -1,4 +1,4 @@
-"""Shared fixtures: GPU marker handling, fixture report location, a tiny workload."""
+"""Shared fixtures: GPU and slow marker handling, fixture report location, a tiny workload."""
 
 from __future__ import annotations
 
@@ -14,13 +14,19 @@ from characterize.config import WorkloadConfig
 HAS_GPU = torch.cuda.is_available()
 
 
+def pytest_addoption(parser):
+    parser.addoption("--slow", action="store_true",
+                     help="also run tests marked slow (subprocess runs, the wheel install); CI does")
+
+
 def pytest_collection_modifyitems(config, items):
-    if HAS_GPU:
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+    skip_slow = pytest.mark.skip(reason="slow: run with --slow (CI does)")
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        if "gpu" in item.keywords and not HAS_GPU:
+            item.add_marker(skip_gpu)
+        if "slow" in item.keywords and not config.getoption("--slow"):
+            item.add_marker(skip_slow)
 
 
 def fixtures_dir() -> Path:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from characterize import __version__
 from characterize.errors import ReportError
 from characterize.report.blocks import Missing
 from characterize.report.layout import NEEDS, Panel
@@ -114,8 +115,6 @@ def build_report(sources: Any, *, title: str | None = None, strict: bool = False
         comparisons.append(RenderedSource(pair.slug, pair.label, "comparison", _sections(panels, pair, strict)))
     used = sorted({p.key for r in rendered + comparisons for sec in r.sections for pn in sec.panels
                    for p in pn.provenance}, key=list(PROVENANCE).index)
-    from characterize import __version__
-
     return {
         "title": title or "characterize report: " + ", ".join(s.label for s in srcs),
         "sources": rendered, "comparisons": comparisons, "provenance": [PROVENANCE[k] for k in used],

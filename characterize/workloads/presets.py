@@ -82,12 +82,6 @@ def parse_dataset(spec: str) -> Hotness | Path:
     raise ConfigError(f"unknown dataset {spec!r}: use a preset ({', '.join(PRESETS)}), zipf:ALPHA or a trace file")
 
 
-def dataset_name(spec: str) -> str:
-    """A short name for reports and run directories."""
-    parsed = parse_dataset(spec)
-    return parsed.name if isinstance(parsed, Hotness) else parsed.stem
-
-
 def _rng(seed: int, table: int, name: str) -> np.random.Generator:
     salt = int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "little")
     return np.random.default_rng(np.random.SeedSequence([seed, table, salt]))

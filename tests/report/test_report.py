@@ -37,7 +37,7 @@ from characterize.report.render import render_report, report_html
 from characterize.store import RunDir, load_run
 from tests.conftest import fixtures_dir, write_experiment
 
-DATA = Path(__file__).parent / "data" / "ncu_csv"
+DATA = Path(__file__).parents[1] / "data" / "ncu_csv"
 FIXTURE_REPORT = "a100_mistic_msdnew.ncu-rep"
 HOSTILE_KERNEL = "void k<float, long>(const float *, long &)"
 HOSTILE_VARIANT = "<img src=x onerror=alert(1)>"
@@ -196,7 +196,7 @@ def emulated_run(tmp_path_factory) -> Path:
     if report is not None:
         ncu = tmp / "bin" / "ncu"
         ncu.parent.mkdir()
-        ncu.write_text(f"#!/bin/sh\nexec {sys.executable} {Path(__file__).parent / 'fakes' / 'fake_ncu.py'} \"$@\"\n")
+        ncu.write_text(f"#!/bin/sh\nexec {sys.executable} {Path(__file__).parents[1] / 'fakes' / 'fake_ncu.py'} \"$@\"\n")
         ncu.chmod(0o755)
         env = {**os.environ, "FAKE_NCU_LOG": str(tmp / "ncu.jsonl"), "FAKE_NCU_REPORT": str(report),
                "CHARACTERIZE_BACKEND": "emulate"}
@@ -281,6 +281,7 @@ def test_figures_and_pages_are_deterministic(small_run, tmp_path):
 
 
 # --------------------------------------------------------- an emulated run
+@pytest.mark.slow
 def test_emulated_run_is_labelled_cpu_emulation(emulated_run, tmp_path):
     html = render_report([emulated_run], tmp_path / "emu.html", strict=True).read_text()
     for pid in ("headline", "latency", "speedup", "bandwidth", "prepass"):

@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 
 from characterize.report.render import render_report
-from tests.test_report import HOSTILE_KERNEL, hostile_csv, make_gpu_run, profile_fixture
+from tests.report.test_report import HOSTILE_KERNEL, hostile_csv, make_gpu_run, profile_fixture
 
-ARTIFACTS = Path(__file__).parent / "artifacts"
+ARTIFACTS = Path(__file__).parents[1] / "artifacts"
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
                   "--disable-extensions", "--disable-default-apps", "--mute-audio", "--hide-scrollbars"]

@@ -33,9 +33,9 @@ from characterize.extract.schema import (
 )
 
 FIXTURES = Path(
-    os.environ.get("CHARACTERIZE_NCU_FIXTURES") or Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "ncu"
+    os.environ.get("CHARACTERIZE_NCU_FIXTURES") or Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "ncu"
 )
-CSV_DIR = Path(__file__).resolve().parent / "data" / "ncu_csv"
+CSV_DIR = Path(__file__).resolve().parents[1] / "data" / "ncu_csv"
 REPORTS = ("a100_mistic_msdnew", "a100_mistic_msdkt23", "h800_sglang")
 
 needs_fixtures = pytest.mark.skipif(

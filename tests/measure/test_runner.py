@@ -33,6 +33,7 @@ def cli(*args: object) -> subprocess.CompletedProcess:
 
 
 # ---------------------------------------------------------------------- bench
+@pytest.mark.slow
 def test_bench_writes_every_point_and_resume_skips_them(tmp_path):
     exp = experiment(tmp_path, modes=("steady", "cold"))
     out = tmp_path / "run"
@@ -72,15 +73,17 @@ def test_a_failing_point_is_recorded_and_the_rest_continue(tmp_path):
     assert (run.bench[run.bench["dataset"] == "medium"]["status"] == "ok").sum() == 6
 
 
-def _worker_pids() -> list[int]:
+def _worker_pids(parent: int) -> list[int]:
+    """PIDs of the bench workers that `parent` (a process this test started) spawned."""
     pids = []
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
             try:
                 cmd = (d / "cmdline").read_bytes().split(b"\0")
-            except OSError:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
                 continue
-            if b"characterize.measure.worker" in cmd:
+            if ppid == parent and b"characterize.measure.worker" in cmd:
                 pids.append(int(d.name))
     return pids
 
@@ -94,6 +97,7 @@ def _wait_for_points(path: Path, n: int, timeout: float = 120) -> None:
     raise AssertionError("no progress")
 
 
+@pytest.mark.slow
 def test_kill_leaves_a_valid_partial_run_and_resume_finishes_it(tmp_path):
     exp = experiment(tmp_path, datasets=("medium", "random", "high"))
     out = tmp_path / "run"
@@ -115,6 +119,7 @@ def test_kill_leaves_a_valid_partial_run_and_resume_finishes_it(tmp_path):
         assert (out / "points" / "bench" / name).read_text() == text
 
 
+@pytest.mark.slow
 def test_a_dying_worker_costs_one_point(tmp_path):
     exp = experiment(tmp_path, datasets=("medium", "random"))
     out = tmp_path / "run"
@@ -123,7 +128,9 @@ def test_a_dying_worker_costs_one_point(tmp_path):
     _wait_for_points(out, 1)
     while not (out / "points" / "bench" / ".inflight").is_file():
         time.sleep(0.01)
-    for pid in _worker_pids():
+    workers = _worker_pids(proc.pid)
+    assert workers, "the bench command started no worker"
+    for pid in workers:
         os.kill(pid, signal.SIGKILL)
     assert proc.wait(timeout=300) == 0
     run = load_run(out)
@@ -146,7 +153,7 @@ def fake_ncu(tmp_path, monkeypatch):
         pytest.skip(f"needs a real report recorded on a GPU ({report})")
     ncu = tmp_path / "bin" / "ncu"
     ncu.parent.mkdir()
-    ncu.write_text(f"#!/bin/sh\nexec {sys.executable} {Path(__file__).parent / 'fakes' / 'fake_ncu.py'} \"$@\"\n")
+    ncu.write_text(f"#!/bin/sh\nexec {sys.executable} {Path(__file__).parents[1] / 'fakes' / 'fake_ncu.py'} \"$@\"\n")
     ncu.chmod(0o755)
     log = tmp_path / "ncu-calls.jsonl"
     monkeypatch.setenv("FAKE_NCU_LOG", str(log))
@@ -159,6 +166,7 @@ def calls(log: Path) -> list[list[str]]:
     return [json.loads(line) for line in log.read_text().splitlines()] if log.is_file() else []
 
 
+@pytest.mark.slow
 def test_profile_orchestration_end_to_end(tmp_path, fake_ncu):
     ncu, log = fake_ncu
     exp_path = experiment(tmp_path)

@@ -1,0 +1,69 @@
+"""The pipeline: experiments checked against the registries, and a whole no-GPU run."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pandas as pd
+import pytest
+
+from characterize import pipeline
+from characterize.config import ExperimentConfig, WorkloadConfig
+from characterize.errors import ConfigError, UnsupportedShape
+from characterize.hardware import devices
+from characterize.kernels.registry import VARIANT_ORDER
+from characterize.store import load_run
+from characterize.workloads.presets import HOTNESS_ORDER
+from tests.conftest import write_experiment
+
+
+def test_empty_lists_mean_everything_in_registry_order():
+    exp = pipeline.check_experiment(ExperimentConfig())
+    assert exp.variants == VARIANT_ORDER and exp.datasets == HOTNESS_ORDER
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"variants": ("base", "nonesuch")}, "unknown variant 'nonesuch'"),
+    ({"datasets": ("tepid",)}, "tepid"),
+    ({"archs": ("sm_70",)}, "sm_70"),
+    ({"params": {"rpf": {"Q": 1}}}, "no parameter"),
+])
+def test_names_are_checked_against_the_registries(change, message):
+    with pytest.raises(ConfigError, match=message):
+        pipeline.check_experiment(dataclasses.replace(ExperimentConfig(), **change))
+
+
+def test_a_variant_that_cannot_run_D_is_refused_by_name():
+    exp = ExperimentConfig(workload=WorkloadConfig(D=30), variants=("base", "warp"))
+    with pytest.raises(UnsupportedShape, match="warp"):
+        pipeline.check_experiment(exp)
+
+
+def test_shipped_experiments_load():
+    for name in ("paper", "quick"):
+        assert pipeline.load_experiment(name).name == name
+    with pytest.raises(ConfigError, match="available: paper, quick"):
+        pipeline.load_experiment("nope")
+
+
+def test_predict_reuses_static_rows_that_cover_it(monkeypatch):
+    exp = pipeline.load_experiment("quick")
+    called = []
+    monkeypatch.setattr(pipeline, "static_frame", lambda *a, **k: called.append(a) or pd.DataFrame())
+    rows = [{"variant": v, "arch": "sm_80", "role": "lookup", "sweep": False, "blocks_per_sm": 4, "registers": 54}
+            for v in ("base", *exp.variants)]
+    pipeline.predict(exp, ["sm_80"], static=pd.DataFrame(rows))
+    assert not called
+
+
+@pytest.mark.skipif(bool(devices()), reason="checks the no-GPU path")
+def test_a_run_without_a_gpu_characterizes_statically_and_reports(tmp_path):
+    exp = pipeline.load_experiment(str(write_experiment(tmp_path, variants=("base", "optmt", "warp"))))
+    outcome = pipeline.run_experiment(exp, tmp_path / "run")
+    assert outcome.steps["static"] == "done" and outcome.steps["predict"] == "done"
+    assert outcome.steps["bench"].startswith("skipped: no CUDA GPU")
+    run = load_run(outcome.path)
+    assert set(run.static["variant"]) == {"base", "optmt", "warp"}
+    assert set(run.predictions["variant"]) >= {"base", "optmt", "warp"}
+    assert len(run.model_validation) >= 4
+    assert outcome.report is not None and outcome.report.is_file()
