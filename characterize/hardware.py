@@ -36,7 +36,7 @@ class ArchSpec:
     regs_per_block: int         # most registers one block may hold
     reg_alloc_unit: int         # registers are allocated per warp in units of this
     max_regs_per_thread: int
-    min_maxrregcount: int       # ptxas raises smaller -maxrregcount values to this
+    min_maxrregcount: int       # ptxas raises smaller -maxrregcount values to this (24, nvcc 13, sm_80..sm_90)
     smem_per_sm: int            # bytes of shared memory (largest carve-out)
     max_smem_per_block: int     # bytes a block may opt in to
     smem_reserved_per_block: int  # bytes the runtime reserves per resident block
@@ -48,9 +48,9 @@ class ArchSpec:
 ARCHS: dict[str, ArchSpec] = {
     a.arch: a
     for a in (
-        ArchSpec("sm_80", (8, 0), 64, 32, 1024, 65536, 65536, 256, 255, 16, 164 * KiB, 163 * KiB, 1 * KiB, 128),
-        ArchSpec("sm_86", (8, 6), 48, 16, 1024, 65536, 65536, 256, 255, 16, 100 * KiB, 99 * KiB, 1 * KiB, 128),
-        ArchSpec("sm_89", (8, 9), 48, 24, 1024, 65536, 65536, 256, 255, 16, 100 * KiB, 99 * KiB, 1 * KiB, 128),
+        ArchSpec("sm_80", (8, 0), 64, 32, 1024, 65536, 65536, 256, 255, 24, 164 * KiB, 163 * KiB, 1 * KiB, 128),
+        ArchSpec("sm_86", (8, 6), 48, 16, 1024, 65536, 65536, 256, 255, 24, 100 * KiB, 99 * KiB, 1 * KiB, 128),
+        ArchSpec("sm_89", (8, 9), 48, 24, 1024, 65536, 65536, 256, 255, 24, 100 * KiB, 99 * KiB, 1 * KiB, 128),
         ArchSpec("sm_90", (9, 0), 64, 32, 1024, 65536, 65536, 256, 255, 24, 228 * KiB, 227 * KiB, 1 * KiB, 128),
     )
 }
@@ -159,10 +159,10 @@ _add(GpuSpec("h200", "NVIDIA H200", "sm_90", 132, 50 * MiB, int(37.5 * MiB), 141
              4800.0, 7500.0, 1980, 1590, 260.0, 470.0, _H100_SRC, (),
              l1_data_bytes=224 * KiB, l1_latency_ns=20.0))
 
-#: the representative GPU for each architecture key
 #: the paper's GPU (A100): what CPU emulation sizes its L2 after and the claims are checked on
 REFERENCE_ARCH = "sm_80"
 
+#: the representative GPU for each architecture key
 DEFAULT_GPU = {"sm_80": "a100-80gb", "sm_86": "a10", "sm_89": "l4", "sm_90": "h100-sxm"}
 
 

@@ -196,3 +196,11 @@ def test_paper_claims_table():
     assert list(claims.columns[:4]) == ["claim", "paper", "model", "agrees"] and len(claims) == 4
     assert claims["agrees"].map(type).eq(bool).all()
     assert claims["gpu"].iloc[0] == "a100-80gb"
+
+
+def test_every_prediction_carries_a_band_around_it():
+    df = MP.predict(SMALL, ["random", "high"], VARIANTS, ["sm_80", "sm_90"], static=static())
+    assert (df["time_us_low"] <= df["time_us"] + 1e-9).all() and (df["time_us"] <= df["time_us_high"] + 1e-9).all()
+    assert (df["time_us_high"] > df["time_us_low"]).all()
+    fast, slow = ModelConstants.defaults(gpu_spec("sm_80")).band()
+    assert fast.dram_latency_ns < slow.dram_latency_ns and fast.hbm_efficiency > slow.hbm_efficiency

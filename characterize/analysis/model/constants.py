@@ -50,6 +50,35 @@ class ModelConstants:
     def replace(self, **changes: float) -> "ModelConstants":
         return dataclasses.replace(self, **changes)
 
+    def band(self) -> tuple["ModelConstants", "ModelConstants"]:
+        """(fast, slow) ends of the constants' published ranges (BAND) around these
+        values; the model's time is monotone in each constant, so these bound it."""
+        fast, slow = {}, {}
+        for name, (lo, hi) in BAND.items():
+            value = getattr(self, name)
+            a, b = value * lo, value * hi
+            if name in FASTER_WHEN_LARGER:
+                a, b = b, a
+            clamp = BOUNDS[name]
+            fast[name], slow[name] = (min(max(x, clamp[0]), clamp[1]) for x in (a, b))
+        return self.replace(**fast), self.replace(**slow)
+
+
+#: relative spread of each constant over its published range (sources in hardware.GpuSpec):
+#: L1 33-40 cycles; L2 near vs far partition (~200-260 ns); DRAM load-to-use 450-500 ns
+#: idle, more under load; effective L2 capacity between 0.5 and 1 of the L2 (0.6 assumed);
+#: gathers reach 75-92% of peak HBM bandwidth; 2-4 us per back-to-back launch.
+BAND: dict[str, tuple[float, float]] = {
+    "l1_latency_ns": (0.85, 1.2),
+    "l2_latency_ns": (0.85, 1.3),
+    "dram_latency_ns": (0.9, 1.25),
+    "l2_capacity_factor": (0.83, 1.5),
+    "hbm_efficiency": (0.88, 1.08),
+    "launch_overhead_us": (0.67, 1.33),
+}
+#: constants whose larger values make a kernel faster (the band's fast end takes the top)
+FASTER_WHEN_LARGER = frozenset({"l2_capacity_factor", "hbm_efficiency"})
+
 
 #: the range calibrate() keeps each constant in
 BOUNDS: dict[str, tuple[float, float]] = {

@@ -15,7 +15,8 @@ from characterize.config import ExperimentConfig, WorkloadConfig
 from characterize.errors import ConfigError
 from characterize.hardware import GpuSpec, gpu_spec
 
-COLUMNS = ["variant", "dataset", "arch", "gpu", "mode", "constants", "time_us", "speedup_vs_base", "bound",
+COLUMNS = ["variant", "dataset", "arch", "gpu", "mode", "constants", "time_us", "time_us_low", "time_us_high",
+           "speedup_vs_base", "bound",
            "l1_hit_rate_pct", "l2_hit_rate_pct", "l2_hit_rate_all_pct", "dram_bytes", "l2_bytes", "l1_bytes",
            "blocks_per_sm", "registers", "resident_warps", "loads_in_flight", "bytes_per_load", "parallelism",
            "bytes_in_flight_per_sm", "requests", "latency_ns", "index_latency_ns", "step_ns", "waves",
@@ -27,13 +28,15 @@ def _frame(points: Sequence[_Point], consts: Mapping[str, tuple[ModelConstants, 
     rows = []
     for p in points:
         c, label = consts[p.gpu.key]
+        fast, slow = c.band()
         par = p.resident_warps * p.rows_in_flight
         rows.append({"variant": p.variant, "dataset": p.dataset, "arch": p.gpu.arch, "gpu": p.gpu.key,
                      "mode": p.mode, "constants": label, "blocks_per_sm": p.blocks_per_sm,
                      "registers": p.registers, "resident_warps": p.resident_warps, "loads_in_flight": p.rows_in_flight,
                      "bytes_per_load": p.bytes_per_load, "parallelism": par,
                      "bytes_in_flight_per_sm": par * p.bytes_per_load, "waves": p.waves,
-                     "pinned_rows": p.pinned_rows, "note": p.note, **_evaluate(p, c)})
+                     "pinned_rows": p.pinned_rows, "note": p.note, **_evaluate(p, c),
+                     "time_us_low": _evaluate(p, fast)["time_us"], "time_us_high": _evaluate(p, slow)["time_us"]})
     df = pd.DataFrame(rows)
     base = df[df["variant"] == "base"].set_index(["dataset", "gpu"])["time_us"]
     df["speedup_vs_base"] = [base[(d, g)] / t for d, g, t in zip(df["dataset"], df["gpu"], df["time_us"])]

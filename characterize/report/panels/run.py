@@ -568,6 +568,7 @@ def _p_predictions(s: RunSource) -> PanelOutput:
             blocks.append(_predicted_headline(d, gpu))
     spec = list(POINT_COLS)
     for col, head, f in (("gpu", "GPU", _txt), ("arch", "arch", _txt), ("time_us", "predicted time (µs)", fmt_num),
+                         ("time_us_low", "band low (µs)", fmt_num), ("time_us_high", "band high (µs)", fmt_num),
                          ("speedup_vs_base", "predicted vs base", fmt_x),
                          ("l2_hit_rate_pct", "predicted L2 hit", fmt_pct),
                          ("dram_bytes", "predicted DRAM bytes", fmt_bytes),
@@ -576,7 +577,9 @@ def _p_predictions(s: RunSource) -> PanelOutput:
         if col in p.columns:
             spec.append((head, _col(col, f, "num" if f is not _txt else "")))
     blocks.append(DetailsBlock(f"Prediction table ({len(p)} rows)", [_table(_order(p), spec,
-                                                                            caption="PREDICTED by the model")]))
+                                                                            caption="PREDICTED by the model; the band "
+                                                                            "spans the latency and bandwidth constants "
+                                                                            "over their published ranges")]))
     v = s.run.model_validation
     if not v.empty:
         vspec = [(c, _col(c, _txt)) for c in ("claim", "paper", "model", "agrees", "gpu", "constants") if c in v.columns]
