@@ -70,7 +70,8 @@ class KernelLibrary:
             fn = getattr(L, name)
             fn.argtypes = [ctypes.POINTER(BagArgs), ctypes.POINTER(LaunchArgs), ctypes.c_void_p]
             fn.restype = ctypes.c_int
-        L.chz_l2_pin.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+        L.chz_l2_pin.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                                 ctypes.c_int64, ctypes.c_void_p]
         L.chz_l2_pin.restype = ctypes.c_int
         L.chz_l2_state_size.restype = ctypes.c_int
         L.chz_l2_window_save.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
@@ -212,8 +213,9 @@ class TableKernel:
             return
         stream = _stream_handle(self.weight.device)
         if self.variant.l2 == "prefetch":
-            code = self.library.lib.chz_l2_pin(self.weight.data_ptr(), self.weight.shape[1],
-                                               self.hot_rows.data_ptr(), len(self.hot_rows), stream)
+            code = self.library.lib.chz_l2_pin(self.weight.data_ptr(), self.weight.shape[1], self.weight.stride(0),
+                                               self.weight.stride(1), self.hot_rows.data_ptr(), len(self.hot_rows),
+                                               stream)
             self.library.check(code, "L2 pinning pre-pass")
         elif self.variant.l2 == "window":
             if self._saved is None:

@@ -110,7 +110,8 @@ class Variant:
 
 _CAP = Param("maxrregcount", "register cap passed to nvcc -maxrregcount (default: chosen per architecture)",
              None, 16, 255)
-_P = Param("P", "prefetch distance: rows kept in flight per thread", 2, 1, 8)
+_P = Param("P", "prefetch distance: row loads kept in flight per thread (at a register cap of 48, P >= 5 "
+                "spills inside the loop: raise maxrregcount with it; `characterize sass` shows the spills)", 2, 1, 8)
 _K = Param("K", "hot rows kept in L2 (default: the GPU's persisting-L2 budget / row bytes)", None, 1)
 
 VARIANTS: dict[str, Variant] = {}
@@ -130,7 +131,8 @@ register(Variant("base", "PyTorch-style kernel: thread per (bag, feature), 32x8 
 register(Variant("optmt", "base compiled with a register cap for more resident warps (occupancy)",
                  entry="chz_forward_base", kernel="chz_base_kernel<false>", capped=True, params=(_CAP,),
                  per_sample_weights=True))
-register(Variant("rpf", "base with register prefetching: the next P rows in flight per thread, capped",
+register(Variant("rpf", "base with register prefetching: groups of P rows loaded together, the next group's "
+                        "indices loaded while they are in flight (P rows in flight per thread), capped",
                  entry="chz_forward_rpf", kernel="chz_rpf_kernel<{P}>", capped=True, params=(_P, _CAP)))
 register(Variant("l2p", "base after a pre-pass pinning the K hottest rows in L2 (prefetch evict_last)",
                  entry="chz_forward_base", kernel="chz_base_kernel<false>", l2="prefetch", params=(_K,),
@@ -141,7 +143,8 @@ register(Variant("l2w", "base on a frequency-sorted table with a persisting-L2 a
 register(Variant("combined", "rpf + l2p with the register cap",
                  entry="chz_forward_rpf", kernel="chz_rpf_kernel<{P}>", capped=True, l2="prefetch",
                  params=(_P, _K, _CAP)))
-register(Variant("warp", "ours: sub-warp per bag, 16-byte row loads, 8 rows in flight per lane, shuffled indices",
+register(Variant("warp", "ours: sub-warp per bag, shuffled indices, 8 independent 16-byte row loads in flight per "
+                         "lane (8 whole rows per warp at D=128)",
                  entry="chz_forward_warp", kernel="chz_warp_kernel<{V}, {U}>", block=(256, 1), grid=0,
                  dim_multiple=4, max_dim=1024, honors_cap=False))
 register(Variant("wrong", "base with an off-by-one dropping each bag's last index (test-only: the checker must fail)",

@@ -141,6 +141,28 @@ def test_l2_pinning_prefetches_exactly_the_hot_rows_sectors():
     assert list(tk.hot_rows[:3].numpy()) == list(hot[:3])
 
 
+def test_l2_pinning_follows_the_row_and_element_strides():
+    c = WorkloadConfig.tiny()
+    idx, off = batch(c)
+    wide = table(c.replace(D=c.D + 5))
+    for W in (wide[:, 2:2 + c.D], table(c).t().contiguous().t()):  # rows D+5 apart; elements E apart
+        tk = bind("l2p", W, trace=idx, params={"K": 40}, backend="emulate")
+        tk.library.emu_configure(40 << 20, 30 << 20)
+        tk.prepass()
+        got = set(int(a) for a in tk.library.emu_prefetches())
+        s0, s1 = W.stride()
+        want = set()
+        for r in hot_rows_by_frequency(idx, 40):
+            first = W.data_ptr() + int(r) * s0 * 4
+            if s1 * 4 >= 32:  # elements a sector or more apart: one prefetch each
+                want |= {first + k * s1 * 4 for k in range(c.D)}
+            else:
+                want |= set(range(first & ~31, first + ((c.D - 1) * s1 + 1) * 4, 32))
+        assert got == want, W.stride()
+        out = run_variant("l2p", W, idx, off, params={"K": 40}, backend="emulate")
+        assert torch.allclose(out.output, torch.nn.functional.embedding_bag(idx, W, off, mode="sum"), atol=1e-5)
+
+
 def test_hot_rows_default_to_the_persisting_budget():
     c = WorkloadConfig.tiny()
     idx, off = batch(c)

@@ -1,10 +1,16 @@
 // embedding_bag.cu: the embedding-bag (sum/mean pooling) kernel family.
 //
 // Variants: base (PyTorch-style thread per bag x feature) | optmt (base, register cap)
-//   | rpf (register prefetch, distance P) | l2p (hot rows pinned in L2 by a prefetch
-//   pre-pass) | l2w (access-policy window over frequency-sorted rows) | combined
-//   (rpf + l2p, capped) | warp (sub-warp per bag, 16-byte loads, U rows in flight)
-//   | wrong (base with an off-by-one; exists only to prove the checker fails).
+//   | rpf (register prefetch: P row loads in flight per thread) | l2p (hot rows pinned
+//   in L2 by a prefetch pre-pass) | l2w (access-policy window over frequency-sorted
+//   rows) | combined (rpf + l2p, capped) | warp (sub-warp per bag, 16-byte loads, U*V
+//   float4 per lane in flight) | wrong (base with an off-by-one; exists only to prove
+//   the checker fails).
+//
+// What is in flight is a property of the SASS, not of this source: ptxas may turn a
+// guarded prefetch into a load plus an immediate move, or interleave adds between
+// independent loads. `characterize sass` (characterize/kernels/sass.py) replays each
+// hot loop and tests/kernels/test_sass.py holds these kernels to their claims.
 //
 // Order: kernels (base, rpf, warp, L2 pre-pass), then launchers, then the C entry
 // points Python loads with ctypes. optmt/combined are compile-flag variants (the
@@ -62,50 +68,79 @@ __global__ void chz_base_kernel(const chz_bag_args a) {
 }
 
 // ------------------------------------------------------------------------ rpf
-// base with register prefetching: each thread keeps the next P rows' values (and
-// their row ids, for padding) in registers, issuing the load for index i+P before
-// consuming index i, so P independent loads are in flight per thread.
+// base with register prefetching: P row loads per thread in flight. The steady-state
+// loop walks whole groups of P indices with no guards: it issues the P row loads of
+// the current group, loads the next group's P indices while they are in flight, and
+// only then adds the rows, so the warp waits once per group, not once per row (a
+// guarded refill, `if (next < end) slot = row[next]`, compiles to a load into a
+// temporary and an immediate move into the slot: the wait the prefetch should hide).
+// The last whole group runs without the index refill and the < P leftover indices
+// run one by one as straight-line code. offset2bag is written up front, coalesced,
+// by the chunk-0 threads of each bag, which keeps it out of the hot loop.
+
+// One group: row[] holds P indices; when `next` is given, row[] is refilled from it
+// while the rows are in flight.
+template <int P>
+__device__ __forceinline__ void chz_rpf_group(const chz_bag_args& a, const float* column, int64_t (&row)[P],
+                                              const int64_t* next, float& sum, int& pads) {
+  int64_t ahead[P];
+#pragma unroll
+  for (int p = 0; p < P; ++p) ahead[p] = next ? next[p] : 0;
+  float value[P];
+  bool pad[P];
+#pragma unroll
+  for (int p = 0; p < P; ++p) {
+    CHZ_KERNEL_ASSERT(row[p] < a.num_rows);  // device-side bounds check, as base has
+    value[p] = column[row[p] * a.weight_stride0];
+    pad[p] = row[p] == a.padding_idx;
+  }
+#pragma unroll
+  for (int p = 0; p < P; ++p) row[p] = ahead[p];
+#pragma unroll
+  for (int p = 0; p < P; ++p) {
+    sum += pad[p] ? 0.f : value[p];
+    pads += pad[p] ? 1 : 0;
+  }
+}
+
 template <int P>
 __global__ void chz_rpf_kernel(const chz_bag_args a) {
   const int64_t chunks_per_bag = (a.dim + blockDim.x - 1) / blockDim.x;
   const int64_t num_chunks = a.num_bags * chunks_per_bag;
   const int64_t stride = (int64_t)gridDim.x * blockDim.y;
   for (int64_t chunk = (int64_t)blockIdx.x * blockDim.y + threadIdx.y; chunk < num_chunks; chunk += stride) {
-    const int64_t feature = (chunk % chunks_per_bag) * blockDim.x + threadIdx.x;
-    if (feature >= a.dim) continue;
     const int64_t bag = chunk / chunks_per_bag;
+    const int64_t part = chunk - bag * chunks_per_bag;
     const int64_t begin = chz_bag_begin(a, bag);
     const int64_t end = chz_bag_end(a, bag);
+    CHZ_KERNEL_ASSERT(end >= begin);  // offsets must be non-decreasing
+    if (part == 0)
+      for (int64_t k = begin + threadIdx.x; k < end; k += blockDim.x) a.offset2bag[k] = bag;
+    const int64_t feature = part * blockDim.x + threadIdx.x;
+    if (feature >= a.dim) continue;
     const float* column = a.weight + feature * a.weight_stride1;
-    float value[P];
-    int64_t row[P];
-#pragma unroll
-    for (int p = 0; p < P; ++p) {
-      row[p] = begin + p < end ? a.indices[begin + p] : a.padding_idx;
-      CHZ_KERNEL_ASSERT(row[p] < a.num_rows);
-      value[p] = begin + p < end ? column[row[p] * a.weight_stride0] : 0.f;
-    }
     float sum = 0.f;
-    int64_t count = 0;
-    for (int64_t i = begin; i < end; i += P) {
+    int pads = 0;  // padding rows met: excluded from the sum and the count
+    int64_t i = begin;
+    if (end - begin >= P) {
+      int64_t row[P];
 #pragma unroll
-      for (int p = 0; p < P; ++p) {
-        const int64_t cur = i + p;
-        if (cur < end) {
-          const float v = value[p];
-          const bool pad = row[p] == a.padding_idx;
-          const int64_t next = cur + P;
-          if (next < end) {  // refill the slot before using the value just taken from it
-            row[p] = a.indices[next];
-            CHZ_KERNEL_ASSERT(row[p] < a.num_rows);
-            value[p] = column[row[p] * a.weight_stride0];
-          }
-          sum += pad ? 0.f : v;
-          count += pad ? 0 : 1;
-          if (feature == 0) a.offset2bag[cur] = bag;
-        }
+      for (int p = 0; p < P; ++p) row[p] = a.indices[begin + p];
+      for (; i + 2 * P <= end; i += P) chz_rpf_group<P>(a, column, row, a.indices + i + P, sum, pads);
+      chz_rpf_group<P>(a, column, row, nullptr, sum, pads);
+      i += P;
+    }
+#pragma unroll
+    for (int r = 0; r < P - 1; ++r) {  // fewer than P left
+      if (i + r < end) {
+        const int64_t row = a.indices[i + r];
+        CHZ_KERNEL_ASSERT(row < a.num_rows);
+        const bool pad = row == a.padding_idx;
+        sum += pad ? 0.f : column[row * a.weight_stride0];
+        pads += pad ? 1 : 0;
       }
     }
+    const int64_t count = end - begin - pads;
     if (a.mode == CHZ_MODE_MEAN && count > 0) sum /= (float)count;
     a.bag_size[bag] = count;
     a.output[bag * a.dim + feature] = sum;
@@ -115,12 +150,21 @@ __global__ void chz_rpf_kernel(const chz_bag_args a) {
 // ----------------------------------------------------------------------- warp
 // A group of G lanes (G = next power of two >= D/4, at most 32) owns one bag; lane l
 // owns float4 columns l, l+G, ... (V of them). The group loads G indices at once
-// (coalesced; offset2bag written alongside), then broadcasts them with shuffles and
-// issues U independent 16-byte row loads per lane before accumulating, so a warp has
-// U full rows in flight instead of base's one 128-byte chunk. Needs D % 4 == 0 and a
-// 16-byte aligned table.
+// (coalesced, bounds-checked like base; offset2bag written alongside). Then, per U
+// rows: an index phase (U shuffles broadcast the rows; a row past the bag's end or
+// the padding row is redirected to chz_zero_row, so no load is conditional) and a row
+// phase (U*V independent 16-byte loads, all issued before the first add), so a warp
+// keeps U*V float4 per lane, U whole rows at D=128, in flight instead of base's one
+// 128-byte chunk. Columns past D (D/4 not a multiple of G) read the row's last float4
+// and are never stored. __launch_bounds__(256, 2) lets ptxas keep the U*V loads in
+// registers (up to 128 per thread): with the default budget it interleaves the adds
+// between the loads on sm_80 (about two rows in flight, checked in the SASS). Needs
+// D % 4 == 0, D <= 1024 and a 16-byte aligned, contiguous table.
+constexpr int kMaxVec = 256;  // float4 columns per row at D = 1024
+__device__ const float4 chz_zero_row[kMaxVec] = {};
+
 template <int V, int U>
-__global__ void __launch_bounds__(256) chz_warp_kernel(const chz_bag_args a, int group) {
+__global__ void __launch_bounds__(256, 2) chz_warp_kernel(const chz_bag_args a, int group) {
   const int lane = threadIdx.x & 31;
   const int g_lane = lane & (group - 1);
   const int g_in_warp = lane / group;
@@ -130,6 +174,12 @@ __global__ void __launch_bounds__(256) chz_warp_kernel(const chz_bag_args a, int
   const int64_t nvec = a.dim / 4;
   const float4* table = reinterpret_cast<const float4*>(a.weight);
   float4* out = reinterpret_cast<float4*>(a.output);
+  int64_t col[V];  // this lane's columns, clamped into the row
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    const int64_t c = g_lane + (int64_t)k * group;
+    col[k] = c < nvec ? c : nvec - 1;
+  }
   const int64_t first = (int64_t)blockIdx.x * groups_per_block + (threadIdx.x / 32) * groups_per_warp + g_in_warp;
   for (int64_t bag = first; bag < a.num_bags; bag += (int64_t)gridDim.x * groups_per_block) {
     const int64_t begin = chz_bag_begin(a, bag);
@@ -140,27 +190,26 @@ __global__ void __launch_bounds__(256) chz_warp_kernel(const chz_bag_args a, int
     int64_t count = 0;
     for (int64_t tile = begin; tile < end; tile += group) {
       const int64_t i = tile + g_lane;
-      int64_t mine = -1;
+      int64_t mine = 0;
       if (i < end) {
         mine = a.indices[i];
+        CHZ_KERNEL_ASSERT(mine >= 0 && mine < a.num_rows);  // device-side bounds check, as base has
         a.offset2bag[i] = bag;
         count += mine != a.padding_idx;
       }
       const int n = (int)(end - tile < group ? end - tile : group);
       for (int j = 0; j < n; j += U) {
-        int64_t rows[U];
-#pragma unroll
-        for (int u = 0; u < U; ++u) rows[u] = j + u < n ? __shfl_sync(gmask, mine, j + u, group) : -1;
-        float4 v[U][V];
+        const float4* row[U];  // index phase
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-          const bool live = rows[u] >= 0 && rows[u] != a.padding_idx;
-#pragma unroll
-          for (int k = 0; k < V; ++k) {
-            const int64_t c = g_lane + (int64_t)k * group;
-            v[u][k] = live && c < nvec ? __ldg(table + rows[u] * nvec + c) : make_float4(0.f, 0.f, 0.f, 0.f);
-          }
+          const int64_t r = __shfl_sync(gmask, mine, j + u, group);
+          row[u] = j + u < n && r != a.padding_idx ? table + r * nvec : chz_zero_row;
         }
+        float4 v[U][V];  // row phase: every load issued before the first add
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+          for (int k = 0; k < V; ++k) v[u][k] = __ldg(row[u] + col[k]);
 #pragma unroll
         for (int u = 0; u < U; ++u)
 #pragma unroll
@@ -191,17 +240,36 @@ __global__ void __launch_bounds__(256) chz_warp_kernel(const chz_bag_args a, int
 // Issue prefetch.global.L2::evict_last for every 32-byte sector of each hot row, so
 // the rows sit in L2 with evict-last priority before the lookup kernel runs. K rows
 // of D floats cost K*ceil(4D/32) prefetches (60K x 16 ~ 1M for the paper's shape).
+// Row r starts at weight + r*stride0 (a view of a wider table has stride0 > D); its
+// elements are stride1 apart: a row spanning less than a sector per element is
+// prefetched sector by sector, one with elements a sector or more apart element by
+// element.
 constexpr int64_t kSectorBytes = 32;
 
-__global__ void chz_l2_pin_kernel(const float* weight, int64_t dim, const int64_t* hot_rows, int64_t num_hot) {
-  const int64_t row_bytes = dim * (int64_t)sizeof(float);
-  const int64_t sectors = row_bytes / kSectorBytes + 2;  // an unaligned row touches up to this many
-  const int64_t total = num_hot * sectors;
+// Prefetch slots per row: the sectors an unaligned span can touch, or one per element.
+__host__ __device__ inline int64_t chz_pin_slots(int64_t dim, int64_t stride1) {
+  if (stride1 * (int64_t)sizeof(float) >= kSectorBytes) return dim;
+  const int64_t span = ((dim - 1) * stride1 + 1) * (int64_t)sizeof(float);
+  return span / kSectorBytes + 2;
+}
+
+__global__ void chz_l2_pin_kernel(const float* weight, int64_t dim, int64_t stride0, int64_t stride1,
+                                  const int64_t* hot_rows, int64_t num_hot) {
+  const int64_t slots = chz_pin_slots(dim, stride1);
+  const bool spread = stride1 * (int64_t)sizeof(float) >= kSectorBytes;
+  const int64_t span = ((dim - 1) * stride1 + 1) * (int64_t)sizeof(float);
+  const int64_t total = num_hot * slots;
   const int64_t stride = (int64_t)gridDim.x * blockDim.x;
   for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < total; t += stride) {
-    const char* row = reinterpret_cast<const char*>(weight + hot_rows[t / sectors] * dim);
-    const uintptr_t addr = ((uintptr_t)row & ~(uintptr_t)(kSectorBytes - 1)) + (uintptr_t)(t % sectors) * kSectorBytes;
-    if (addr < (uintptr_t)(row + row_bytes)) CHZ_PREFETCH_L2_EVICT_LAST(reinterpret_cast<const void*>(addr));
+    const int64_t slot = t % slots;
+    const float* row = weight + hot_rows[t / slots] * stride0;
+    if (spread) {
+      CHZ_PREFETCH_L2_EVICT_LAST(reinterpret_cast<const void*>(row + slot * stride1));
+      continue;
+    }
+    const char* start = reinterpret_cast<const char*>(row);
+    const uintptr_t addr = ((uintptr_t)start & ~(uintptr_t)(kSectorBytes - 1)) + (uintptr_t)slot * kSectorBytes;
+    if (addr < (uintptr_t)(start + span)) CHZ_PREFETCH_L2_EVICT_LAST(reinterpret_cast<const void*>(addr));
   }
 }
 
@@ -294,14 +362,18 @@ CHZ_EXPORT int chz_forward_warp(const chz_bag_args* a, const chz_launch* l, void
   return CHZ_ERR_UNSUPPORTED;  // D > 1024
 }
 
-CHZ_EXPORT int chz_l2_pin(const float* weight, int64_t dim, const int64_t* hot_rows, int64_t num_hot, void* stream) {
-  if (num_hot < 0 || dim <= 0 || (num_hot > 0 && (!weight || !hot_rows))) return CHZ_ERR_BAD_ARGUMENT;
+// Pin the hot rows of a table whose rows are stride0 floats apart and whose elements
+// are stride1 floats apart (torch's weight.stride(0), weight.stride(1)).
+CHZ_EXPORT int chz_l2_pin(const float* weight, int64_t dim, int64_t stride0, int64_t stride1, const int64_t* hot_rows,
+                          int64_t num_hot, void* stream) {
+  if (num_hot < 0 || dim <= 0 || stride0 < 0 || stride1 < 0 || (num_hot > 0 && (!weight || !hot_rows)))
+    return CHZ_ERR_BAD_ARGUMENT;
   if (num_hot == 0) return CHZ_OK;
-  const int64_t total = num_hot * (dim * (int64_t)sizeof(float) / kSectorBytes + 2);
+  const int64_t total = num_hot * chz_pin_slots(dim, stride1);
   const int64_t blocks = (total + 255) / 256;
   const int grid = (int)(blocks < 4096 ? blocks : 4096);
   auto kernel = chz_l2_pin_kernel;
-  CHZ_LAUNCH(kernel, grid, dim3(256), 0, (cudaStream_t)stream, weight, dim, hot_rows, num_hot);
+  CHZ_LAUNCH(kernel, grid, dim3(256), 0, (cudaStream_t)stream, weight, dim, stride0, stride1, hot_rows, num_hot);
   return (int)cudaGetLastError();
 }
 

@@ -1,0 +1,263 @@
+"""The SASS analysis on real nvcc output: the kernels keep the rows in flight they
+claim, spills inside the hot loop are found, and a serialized kernel scores as
+serialized. A few parser tests on short snippets pin down the operand rules."""
+
+import json
+import subprocess
+
+import pytest
+from click.testing import CliRunner
+
+from characterize.errors import ToolchainNotFound
+from characterize.kernels import sass as S
+from characterize.kernels.build import BuildSpec, build, find_nvcc
+from characterize.kernels.sass import (
+    analyze_kernel,
+    analyze_variants,
+    find_cuobjdump,
+    find_loops,
+    instruction_frame,
+    kernels_in,
+    parse_instruction,
+    parse_sass,
+)
+
+
+def _missing_tools() -> str | None:
+    try:
+        find_cuobjdump()
+        find_nvcc()
+    except ToolchainNotFound as e:
+        return str(e)
+    return None
+
+
+needs_tools = pytest.mark.skipif(_missing_tools() is not None,
+                                 reason=f"cuobjdump or nvcc missing: {_missing_tools()}")
+ARCHS = ["sm_80", "sm_90"]
+
+
+def ins(text: str):
+    return parse_instruction("k", "sm_80", 0x100, text)
+
+
+# ---------------------------------------------------------------- parser units
+def test_vector_loads_write_consecutive_registers():
+    i = ins("LDG.E.128.CONSTANT R8, desc[UR6][R18.64+0x10]")
+    assert i.opcode == "LDG" and i.modifiers == ("E", "128", "CONSTANT") and i.width_bits == 128
+    assert i.dests == ("R8", "R9", "R10", "R11") and i.address_regs == ("R18", "R19")
+    assert set(i.srcs) == {"UR6", "R18", "R19"} and i.is_global_load
+    j = ins("@!P0 LDG.E.64 R30, [R10.64]")
+    assert j.predicate == "!P0" and j.dests == ("R30", "R31") and "P0" in j.srcs
+
+
+def test_results_carries_and_pairs():
+    assert ins("IADD3 R3, P1, R46, 0x1, RZ").dests == ("R3", "P1")
+    setp = ins("ISETP.GE.AND.EX P0, PT, R45, c[0x0][0x16c], PT, P0")
+    assert setp.dests == ("P0",) and set(setp.srcs) == {"R45", "P0"}
+    wide = ins("IMAD.WIDE.U32 R36, R36, c[0x0][0x0], R18")
+    assert wide.dests == ("R36", "R37") and set(wide.srcs) == {"R36", "R18", "R19"}
+    assert ins("CS2R R46, SRZ").dests == ("R46", "R47")
+    store = ins("STG.E.64 [R4.64], R2")
+    assert store.dests == () and set(store.srcs) == {"R4", "R5", "R2", "R3"}
+    assert set(ins("P2R R38, PR, RZ, 0x8").srcs) == {"P3"}
+    shfl = ins("SHFL.IDX PT, R15, R31, R41, R35")
+    assert shfl.dests == ("R15",) and set(shfl.srcs) == {"R31", "R41", "R35"}
+    assert ins("CCTL.E.PML2 [R4]").is_prefetch and ins("CCTL.E.PF2 [R4]").is_prefetch
+    assert ins("@P6 BRA 0x2f30").target == 0x2f30 and ins("@P6 BRA 0x2f30").conditional
+    assert not ins("BRA 0x2f30").conditional and ins("BRA.DIV UR8, 0x22b0").conditional
+
+
+LISTING = """
+\tcode for sm_80
+\t\tFunction : _Z4demoPKlPKfPf
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   LDG.E.64 R2, [R8.64] ;
+        /*0020*/                   LEA R4, P0, R2, c[0x0][0x168], 0x2 ;
+        /*0030*/                   LEA.HI.X R5, R2, c[0x0][0x16c], R3, 0x2, P0 ;
+        /*0040*/                   LDG.E R6, [R4.64] ;
+        /*0050*/                   FADD R0, R0, R6 ;
+        /*0060*/                   IADD3 R8, P1, R8, 0x8, RZ ;
+        /*0070*/                   IADD3.X R9, RZ, R9, RZ, P1, !PT ;
+        /*0080*/                   ISETP.NE.AND P2, PT, R8, R10, PT ;
+        /*0090*/               @P2 BRA 0x10 ;
+        /*00a0*/                   STG.E [R12.64], R0 ;
+        /*00b0*/                   EXIT ;
+"""
+
+
+def test_loop_classification_and_replay_on_a_listing():
+    (code,) = parse_sass(LISTING)
+    assert code.name == "demo(long const*, float const*, float*)"
+    (loop,) = find_loops(code)
+    assert loop.innermost and loop.label == "0x0010-0x0090" and len(loop.path) == 9
+    row = analyze_kernel(code)
+    assert (row.row_loads, row.index_loads, row.lookups_per_iteration) == (1, 1, 1)
+    assert row.load_bits == {32: 1, 64: 1}
+    assert row.latencies_per_iteration == pytest.approx(2, abs=0.05)  # index, then row: serialized
+    assert row.rows_in_flight == pytest.approx(0.5, abs=0.02)
+    df = instruction_frame([code])
+    assert list(df["opcode"][:3]) == ["MOV", "LDG", "LEA"] and df["dests"][1] == ("R2", "R3")
+
+
+def test_missing_cuobjdump_says_how_to_get_it(monkeypatch):
+    monkeypatch.setattr(S, "_tool_candidates", lambda name, env: [])
+    S.find_cuobjdump.cache_clear()
+    try:
+        with pytest.raises(ToolchainNotFound, match=r"pip install 'characterize\[sass\]'"):
+            find_cuobjdump()
+    finally:
+        S.find_cuobjdump.cache_clear()
+
+
+# ------------------------------------------------------------ real nvcc output
+@pytest.fixture(scope="module")
+def family():
+    """Hot loops of every public variant, plus rpf at P=4 and warp at D=256."""
+    rows = analyze_variants(None, ARCHS)
+    rows += analyze_variants(["rpf", "combined"], ARCHS, params={"rpf": {"P": 4}, "combined": {"P": 4}})
+    rows += analyze_variants(["warp"], ARCHS, D=256)
+    return rows
+
+
+def pick(rows, variant, arch, kernel_prefix, role="lookup"):
+    found = [r for r in rows if r.variant == variant and r.arch == arch and r.role == role
+             and r.kernel.startswith(kernel_prefix)]
+    assert found, (variant, arch, kernel_prefix)
+    return found[0]
+
+
+@needs_tools
+@pytest.mark.parametrize("arch", ARCHS)
+def test_base_keeps_about_one_row_in_flight(family, arch):
+    r = pick(family, "base", arch, "chz_base_kernel<false>")
+    assert 0.8 <= r.rows_in_flight <= 1.3, r
+    assert r.row_loads == r.index_loads and r.local_mem_ops == 0
+
+
+@needs_tools
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("variant", ["rpf", "combined"])
+@pytest.mark.parametrize("P", [2, 4])
+def test_rpf_keeps_p_rows_in_flight(family, arch, variant, P):
+    r = pick(family, variant, arch, f"chz_rpf_kernel<{P}>")
+    assert r.rows_in_flight >= 0.8 * P, r
+    assert r.row_loads == P and r.index_loads == P and r.local_mem_ops == 0
+    assert r.maxrregcount is not None and r.registers <= r.maxrregcount
+
+
+@needs_tools
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("kernel", ["chz_warp_kernel<1, 8>", "chz_warp_kernel<2, 4>"])  # D=128, D=256
+def test_warp_keeps_its_16_byte_loads_in_flight(family, arch, kernel):
+    r = pick(family, "warp", arch, kernel)
+    assert r.rows_in_flight >= 6, r
+    assert r.load_bits == {128: r.row_loads} and r.shuffles > 0 and r.local_mem_ops == 0
+
+
+@needs_tools
+@pytest.mark.parametrize("arch", ARCHS)
+def test_l2_prepass_prefetches_with_evict_last(family, arch):
+    r = pick(family, "l2p", arch, "chz_l2_pin_kernel", role="prepass")
+    assert r.prefetches == {"CCTL.E.PML2": 1} and r.index_loads == 1 and r.rows_in_flight is None
+
+
+@needs_tools
+def test_a_small_cap_shows_spills_inside_the_loop():
+    capped = analyze_variants(["rpf"], ["sm_80"], params={"rpf": {"P": 4, "maxrregcount": 32}})[0]
+    assert capped.registers <= 32 and capped.local_mem_ops > 0
+    assert capped.rows_in_flight < 2  # the spills serialize what the prefetch overlapped
+
+
+SERIAL_CU = r"""
+// Pointer chase: each load's address is the value of the load before it.
+extern "C" __global__ void chase(const long long* next, long long start, int steps, long long* out) {
+  long long p = start;
+  for (int s = 0; s < steps; ++s) p = next[p];
+  out[threadIdx.x] = p;
+}
+
+// The review's finding in miniature: P slots "prefetched" under a guard.
+template <int P>
+__global__ void guarded_prefetch(const float* table, const long long* idx, long long n, long long dim, float* out) {
+  const float* column = table + threadIdx.x;
+  float value[P];
+#pragma unroll
+  for (int p = 0; p < P; ++p) value[p] = p < n ? column[idx[p] * dim] : 0.f;
+  float sum = 0.f;
+  for (long long i = 0; i < n; i += P) {
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      if (i + p < n) {
+        const float v = value[p];
+        if (i + p + P < n) value[p] = column[idx[i + p + P] * dim];
+        sum += v;
+      }
+    }
+  }
+  out[threadIdx.x] = sum;
+}
+template __global__ void guarded_prefetch<4>(const float*, const long long*, long long, long long, float*);
+"""
+
+
+@pytest.fixture(scope="module")
+def serial_cubins(tmp_path_factory):
+    if _missing_tools():
+        pytest.skip(f"cuobjdump or nvcc missing: {_missing_tools()}")
+    d = tmp_path_factory.mktemp("serial")
+    src = d / "serial.cu"
+    src.write_text(SERIAL_CU)
+    out = {}
+    for arch in ARCHS:
+        cubin = d / f"serial_{arch}.cubin"
+        subprocess.run([str(find_nvcc().path), "-O3", "-cubin", f"-arch={arch}", "-o", str(cubin), str(src)],
+                       check=True, capture_output=True)
+        out[arch] = kernels_in(cubin)
+    return out
+
+
+@needs_tools
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_pointer_chase_scores_as_serialized(serial_cubins, arch):
+    r = analyze_kernel(serial_cubins[arch]["chase"])
+    assert r.row_loads >= 1 and r.latencies_per_iteration == pytest.approx(r.row_loads, rel=0.1)
+    assert r.rows_in_flight == pytest.approx(1.0, abs=0.1)
+
+
+@needs_tools
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_guarded_prefetch_scores_as_serialized(serial_cubins, arch):
+    r = analyze_kernel(serial_cubins[arch]["guarded_prefetch<4>"])
+    assert r.row_loads >= 4 and r.rows_in_flight < 1.2, r  # the source "prefetches" 4; the SASS waits on each
+
+
+@needs_tools
+def test_disassembly_is_cached_in_memory_and_on_disk(monkeypatch):
+    lib = build(BuildSpec("cuda", "sm_80")).library
+    first = S.disassemble(lib)
+    assert S.disassemble(lib) is first  # same file, size and mtime: no work at all
+    monkeypatch.setattr(S, "_TEXT_MEMO", {})
+
+    def no_subprocess(*args, **kwargs):
+        raise AssertionError("cuobjdump ran again")
+
+    monkeypatch.setattr(S.subprocess, "run", no_subprocess)
+    assert S.disassemble(lib) == first  # read back from the cache directory
+    assert "chz_rpf_kernel<2>" in kernels_in(lib)
+
+
+@needs_tools
+def test_sass_command_json_and_table():
+    from characterize.cli import main
+
+    res = CliRunner().invoke(main, ["sass", "--arch", "sm_80", "--variants", "base,warp", "--json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    keys = {"variant", "arch", "kernel", "loop", "instructions", "row_loads", "index_loads", "load_bits",
+            "local_mem_ops", "latencies_per_iteration", "rows_in_flight"}
+    assert {d["variant"] for d in data} == {"base", "warp"} and all(keys <= set(d) for d in data)
+    table = CliRunner().invoke(main, ["sass", "--arch", "sm_90", "--variants", "rpf", "--param", "rpf.P=4"])
+    assert table.exit_code == 0 and "chz_rpf_kernel<4>" in table.output and "rows in flight" in table.output
+    bad = CliRunner().invoke(main, ["sass", "--variants", "warp", "--D", "30"])
+    assert bad.exit_code == 2 and "multiple of 4" in bad.output
