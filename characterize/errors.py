@@ -80,5 +80,20 @@ class RunDirError(CharacterizeError):
     exit_code = 8
 
 
+class RunDirLocked(RunDirError):
+    """Another live process is writing the run directory (two writers would measure twice)."""
+
+
+class StepsFailed(CharacterizeError):
+    """A run finished, but some of its steps failed (what finished is kept and reported)."""
+
+    exit_code = 9
+
+
 class GpuMemoryError(CharacterizeError):
     """The configuration does not fit in the target GPU's memory."""
+
+
+class MemoryBudgetError(CharacterizeError):
+    """Generating, loading or analyzing a workload would need more host memory than the
+    budget allows; refused before allocating, instead of swapping or being killed."""

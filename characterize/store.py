@@ -11,10 +11,16 @@ A run directory holds everything needed to analyze a run later, on any machine:
                           (kind: bench, profile), written atomically
     ncu/*.ncu-rep         the raw Nsight Compute reports, one per profiled point
     predictions.csv       model predictions, when made
+    .lock                 held (flock) by the process writing the run, with its pid and command
 
 Each point file is complete or absent (written to a temporary name, then renamed), so
 a killed process leaves a valid partial run and `--resume` skips what is finished.
 `load_run()` turns a directory back into DataFrames for notebooks and reports.
+
+One process writes a run directory at a time: `RunDir.create` takes an exclusive
+`flock` on `.lock` that lives as long as the writer (the kernel drops it when the
+process dies, so it is never stale; bench workers inherit it). A second writer gets
+RunDirLocked naming the holder instead of measuring the same points beside it.
 """
 
 from __future__ import annotations
@@ -24,9 +30,12 @@ import json
 import os
 import platform
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
+import time
+import weakref
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -34,12 +43,20 @@ from typing import Any
 
 import pandas as pd
 
-from characterize.errors import CharacterizeError, RunDirError
+from characterize.errors import CharacterizeError, RunDirError, RunDirLocked
 from characterize.extract.ncu_rep import read_report
 from characterize.extract.read import wide
 
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX: no locking
+    fcntl = None  # type: ignore[assignment]
+
 META = "meta.json"
 LOG = "log.txt"
+LOCK = ".lock"
+#: seconds a second writer waits for a run directory's lock (a killed writer's workers need a moment to exit)
+LOCK_WAIT_S = 5.0
 
 
 def write_atomic(path: Path, data: str | bytes) -> None:
@@ -106,24 +123,113 @@ def environment() -> dict[str, Any]:
             "pandas": pd.__version__, "git_revision": git_revision()}
 
 
+class RunLock:
+    """The exclusive writer lock of one run directory (flock on `.lock`).
+
+    Within a process it is shared: every RunDir of the same directory holds the same
+    lock, released when the last of them is gone (or on `release()`). Its file
+    descriptor is what a worker process inherits (`fd`) to keep the lock while it lives.
+    """
+
+    _held: "weakref.WeakValueDictionary[Path, RunLock]" = weakref.WeakValueDictionary()
+
+    def __init__(self, path: Path, fd: int | None) -> None:
+        self.path = path
+        self.fd = fd
+
+    @classmethod
+    def acquire(cls, run_dir: str | Path, wait_s: float | None = None) -> "RunLock":
+        """Take the lock of `run_dir` (created if missing), waiting up to `wait_s` (LOCK_WAIT_S)
+        for a writer that is just exiting; RunDirLocked names a holder that stays."""
+        p = Path(run_dir)
+        p.mkdir(parents=True, exist_ok=True)
+        key = p.resolve()
+        held = cls._held.get(key)
+        if held is not None and held.fd is not None:
+            return held
+        if fcntl is None:  # pragma: no cover
+            lock = cls(key, None)
+            cls._held[key] = lock
+            return lock
+        fd = os.open(p / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        deadline = time.monotonic() + (LOCK_WAIT_S if wait_s is None else wait_s)
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() < deadline:
+                    time.sleep(0.05)
+                    continue
+                holder = _lock_holder(p / LOCK)
+                os.close(fd)
+                pid = f" (`kill {holder['pid']}`)" if holder.get("pid") else ""
+                who = f"pid {holder.get('pid', '?')}: {holder.get('command', '?')}, since {holder.get('since', '?')}"
+                raise RunDirLocked(f"{p} is being written by another process ({who}); wait for it to finish or "
+                                   f"stop it{pid}, or choose another --out") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps({"pid": os.getpid(), "command": shlex.join(sys.argv), "since": _now()}).encode())
+        lock = cls(key, fd)
+        cls._held[key] = lock
+        return lock
+
+    def release(self) -> None:
+        """Give the lock up (also done when the last RunDir holding it is collected)."""
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            if self._held.get(self.path) is self:
+                del self._held[self.path]
+            os.close(fd)  # closing the last descriptor of the open file releases the flock
+
+    def __del__(self) -> None:
+        try:
+            self.release()
+        except Exception:  # noqa: BLE001 - at interpreter exit the kernel releases it anyway
+            pass
+
+
+_TEMPORARY = re.compile(r"^\..+\.(json|csv|html|txt|parquet)\.[a-z0-9_]{8}$")
+
+
+def _remove_temporaries(run_dir: Path) -> None:
+    """Half-written files (write_atomic's temporaries) of a writer that was killed; only
+    called under the directory's lock, when no other writer can be alive."""
+    for d in (run_dir, *run_dir.glob("points/*")):
+        for f in d.glob(".*"):
+            if _TEMPORARY.match(f.name) and f.is_file():
+                f.unlink(missing_ok=True)
+
+
+def _lock_holder(path: Path) -> dict[str, Any]:
+    try:
+        info = json.loads(path.read_text() or "{}")
+        return info if isinstance(info, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
 @dataclass
 class RunDir:
-    """A run directory being written."""
+    """A run directory being written (holding its writer lock when opened by `create`)."""
 
     path: Path
+    lock: RunLock | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def create(cls, path: str | Path, meta: dict[str, Any], resume: bool = False) -> "RunDir":
         """Open `path` for writing. An existing run is continued only with resume=True
-        (its finished points are kept); a new one gets meta.json at once."""
+        (its finished points are kept); a new one gets meta.json at once. Takes the
+        directory's writer lock first: RunDirLocked while another process writes it."""
         p = Path(path)
+        lock = RunLock.acquire(p)
+        _remove_temporaries(p)
         if (p / META).is_file() and not resume:
             existing = json.loads((p / META).read_text())
             raise RunDirError(f"{p} already holds a run ({existing.get('experiment', {}).get('name', '?')}, "
                               f"started {existing.get('started', '?')}); pass --resume to continue it or "
                               "--out to choose another directory")
         p.mkdir(parents=True, exist_ok=True)
-        run = cls(p)
+        run = cls(p, lock)
         if (p / META).is_file():
             old = json.loads((p / META).read_text())
             old.setdefault("resumed", []).append(_now())
@@ -134,6 +240,11 @@ class RunDir:
         else:
             write_json(p / META, {"started": _now(), **meta})
         return run
+
+    def release(self) -> None:
+        """Stop writing: give the directory's lock up for other processes."""
+        if self.lock is not None:
+            self.lock.release()
 
     # ---------------------------------------------------------------- writing
     def update_meta(self, **changes: Any) -> None:
@@ -211,6 +322,18 @@ class Run:
     def static(self) -> pd.DataFrame:
         """Registers, spills, theoretical occupancy per variant x arch (x cap)."""
         return self._csv("static")
+
+    @cached_property
+    def sass(self) -> pd.DataFrame:
+        """The hot loop of each variant's kernels per arch, read from the SASS: loads by
+        width, spills in the loop, latencies per iteration, rows in flight."""
+        return self._csv("sass")
+
+    @cached_property
+    def e2e(self) -> pd.DataFrame:
+        """The DLRM step per variant x dataset x GPU x phase x stage (predicted, and
+        measured on a GPU): time_us with its band, source, speedups, embedding share."""
+        return self._csv("e2e")
 
     @cached_property
     def locality(self) -> pd.DataFrame:

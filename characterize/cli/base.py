@@ -3,6 +3,9 @@ messages and exit codes, option bundles and table printing."""
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
 from typing import Any, Callable
 
 import click
@@ -10,18 +13,43 @@ import click
 from characterize.errors import CharacterizeError
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised like Ctrl-C so that workers are stopped, temporaries
+    removed and finished points kept on the way out."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _terminate(signum: int, _frame: object) -> None:
+    raise Terminated(signum)
+
+
 class Group(click.Group):
-    """Turns domain errors into messages instead of tracebacks."""
+    """Turns domain errors into messages instead of tracebacks, and termination signals
+    into an orderly exit."""
 
     def invoke(self, ctx: click.Context) -> Any:
+        previous = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGHUP):
+                previous[sig] = signal.signal(sig, _terminate)
         try:
             return super().invoke(ctx)
         except CharacterizeError as e:
             click.echo(f"error: {e}", err=True)
             ctx.exit(e.exit_code)
+        except Terminated as e:
+            click.echo(f"terminated by {signal.Signals(e.signum).name}; finished work is kept (--resume continues a "
+                       "run)", err=True)
+            ctx.exit(128 + e.signum)
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             ctx.exit(130)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 def echo_err(msg: str) -> None:
@@ -83,8 +111,25 @@ def csv_list(value: str | None) -> list[str] | None:
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="characterize")
-def main() -> None:
+@click.option("--memory-budget", default=None, metavar="SIZE",
+              help="host memory that generating, loading and analyzing traces may use: 8G, 512MiB, or a share of "
+                   "the available memory such as 50% [60%, or $CHARACTERIZE_MEMORY_BUDGET]")
+def main(memory_budget: str | None) -> None:
     """Characterize DLRM embedding-bag kernels on GPUs: build, check, bench, profile,
     extract, model and report."""
+    if memory_budget:
+        from characterize.config import MEMORY_BUDGET_ENV, parse_memory
+
+        parse_memory(memory_budget)
+        previous = os.environ.get(MEMORY_BUDGET_ENV)
+        os.environ[MEMORY_BUDGET_ENV] = memory_budget  # the environment carries it into worker processes
+
+        def restore() -> None:
+            if previous is None:
+                os.environ.pop(MEMORY_BUDGET_ENV, None)
+            else:
+                os.environ[MEMORY_BUDGET_ENV] = previous
+
+        click.get_current_context().call_on_close(restore)
 
 

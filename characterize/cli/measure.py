@@ -157,5 +157,11 @@ def run_cmd(experiment: str, out: Path | None, resume: bool, ncu_path: str | Non
     if outcome.report:
         click.echo(f"report: {outcome.report}")
     echo_err(f"finished in {time.perf_counter() - start:.1f} s")
+    failed = {k: v.removeprefix("failed: ").splitlines()[0] for k, v in outcome.steps.items() if v.startswith("failed")}
+    if failed:
+        from characterize.errors import StepsFailed
+
+        raise StepsFailed(f"{len(failed)} step(s) failed: " + "; ".join(f"{k}: {v}" for k, v in failed.items()) +
+                          f"; everything else is in {outcome.path}")
 
 

@@ -9,7 +9,7 @@ import math
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pandas as pd
 
@@ -41,6 +41,9 @@ _IDENTITY_COLUMNS = frozenset(
      "Block Size", "Grid Size", "Device", "CC"}
 )  # fmt: skip
 _RULE_TYPES = {"OPT": "OPTIMIZATION", "WRN": "WARNING", "ERR": "ERROR", "INF": "OK", "OK": "OK"}
+_KERNEL_ROW = re.compile(r'^\ufeff?\s*"?\d+"?\s*(,|$)')
+#: columns only the details page has; a file with some of them is a details export
+_DETAILS_COLUMNS = ("Section Name", "Metric Name", "Metric Unit", "Metric Value")
 
 
 def _parse_number(text: str) -> float | None:
@@ -73,12 +76,53 @@ def _read_text(path: Path) -> str:
     return raw.decode("utf-8-sig", errors="replace")
 
 
-def _csv_table(path: Path) -> tuple[list[str], list[list[str]], list[str] | None]:
+class _CsvTable(NamedTuple):
+    header: list[str]
+    rows: list[list[str]]
+    units: list[str] | None
+    lines: list[int]  # file line number of each row, for messages
+
+
+def _parse_line(path: Path, n: int, line: str, units_row: bool = False, row: list[str] | None = None
+                ) -> list[str] | None:
+    """One CSV line (or its `row` already parsed), strictly: broken quoting on the header,
+    the units row or a kernel row is damage (it would silently swallow the next row, or
+    turn a value into text), on anything else program output (None)."""
+    ours = units_row or _KERNEL_ROW.match(line) or _HEADER_START.match(line)
+    if row is None:
+        try:
+            row = next(csv.reader([line], strict=True), [])
+        except csv.Error as exc:
+            if ours:
+                raise ReportError(f"{path}, line {n}: broken quoting ({exc}); the export is damaged or was edited, "
+                                  "export it again with `ncu --csv`") from None
+            return None
+    if ours and line.count('"') != 2 * len(row):  # not simply every field quoted: look closer
+        for field in row:  # a quote inside an unquoted field: a closing or opening quote went missing
+            if '"' in field and f'"{field.replace(chr(34), chr(34) * 2)}"' not in line:
+                raise ReportError(f"{path}, line {n}: stray quote in field {field[:40]!r}; the export is damaged "
+                                  "or was edited, export it again with `ncu --csv`")
+    return row
+
+
+def _parse_body(lines: list[str]) -> list[list[str]] | None:
+    """Every line parsed at C speed by one strict reader, or None when some line is not
+    a well-formed CSV record on its own (a record spanning lines makes fewer records
+    than lines); the caller then goes line by line for the exact message."""
+    try:
+        rows = list(csv.reader(lines, strict=True))
+    except csv.Error:
+        return None
+    return rows if len(rows) == len(lines) else None
+
+
+def _csv_table(path: Path) -> _CsvTable:
     """Header, kernel rows and (raw page) units row of an ncu CSV, skipping non-CSV lines.
 
     ncu interleaves its own ``==PROF==``/``==WARNING==`` lines and the program's output
     with the CSV when both go to one stream; rows whose first field is not a kernel ID
-    are dropped, and rows may be ragged (rule rows and trailing commas).
+    are dropped, and rows may be ragged (rule rows and trailing commas). Every line must
+    be a record of its own, so a stray quote cannot merge rows.
     """
     text = _read_text(path)
     lines = text.splitlines()
@@ -93,22 +137,50 @@ def _csv_table(path: Path) -> tuple[list[str], list[list[str]], list[str] | None
             f'{path}: no ncu CSV header (a line starting with "ID") found; export with '
             f"`ncu --csv --page details` or `--page raw` (or `ncu --import x.ncu-rep --csv ...`).{hint}"
         )
-    body = [line for line in lines[start:] if not line.lstrip().startswith("==")]
-    records = list(csv.reader(body))
-    header = [h.strip().lstrip("\ufeff") for h in records[0]]
+    header = [h.strip().lstrip("\ufeff") for h in _parse_line(path, start + 1, lines[start]) or []]
     units: list[str] | None = None
     rows: list[list[str]] = []
-    for row in records[1:]:
+    numbers: list[int] = []
+    body = [(n, line) for n, line in enumerate(lines[start + 1:], start + 2) if not line.lstrip().startswith("==")]
+    parsed = _parse_body([line for _, line in body])
+    for i, (n, line) in enumerate(body):
+        # a quoted line between the header and the first kernel row can only be the units row
+        maybe_units = units is None and not rows and line.startswith('"')
+        if parsed is None:
+            row = _parse_line(path, n, line, units_row=maybe_units)
+        else:
+            row = parsed[i]
+            if line.count('"') != 2 * len(row):  # every field simply quoted is the rule; else look closer
+                row = _parse_line(path, n, line, units_row=maybe_units, row=row)
         if not row:
             continue
         first = row[0].strip()
         if first.isdigit() and len(row) >= 4:
             rows.append(row)
-        elif first == "" and units is None and not rows and len(row) >= len(header) // 2:
+            numbers.append(n)
+        elif maybe_units:
+            if first != "" or len(row) != len(header):
+                raise ReportError(f"{path}, line {n}: expected the units row or a kernel row after the header, got "
+                                  f"{len(row)} fields starting {line[:30]!r}; the export is damaged, export it again "
+                                  "with `ncu --csv`")
             units = row
     if not rows:
         raise ReportError(f"{path}: an ncu CSV header but no kernel rows; ncu profiled nothing or the export was cut")
-    return header, rows, units
+    if not text.endswith("\n") and numbers[-1] == len(lines):
+        _check_last_row(path, rows, numbers[-1], len(header))
+    return _CsvTable(header, rows, units, numbers)
+
+
+def _check_last_row(path: Path, rows: list[list[str]], line: int, header_fields: int) -> None:
+    """A final row without a line end may have been cut: refuse it when it is shorter than
+    the other rows of its kind (metric rows, rule rows and raw rows have fixed widths)."""
+    last = rows[-1]
+    kind = len(last) >= header_fields
+    widths = [len(r) for r in rows[:-1] if (len(r) >= header_fields) == kind] or [header_fields]
+    usual = max(set(widths), key=widths.count)
+    if len(last) < usual:
+        raise ReportError(f"{path}, line {line}: the export ends in the middle of a row ({len(last)} of {usual} "
+                          "fields); it is truncated, export it again with `ncu --csv`")
 
 
 def _cell(row: Sequence[str], index: int | None) -> str:
@@ -163,23 +235,34 @@ def read_csv(path: str | Path, run: str = "") -> pd.DataFrame:
     are normalised like read_report's), thousands separators and ragged rule rows.
     """
     path = _existing_file(path)
-    header, rows, units = _csv_table(path)
+    table = _csv_table(path)
+    header = table.header
     if "Metric Name" in header and "Metric Value" in header:
-        return _read_details(path, header, rows, run)
-    return _read_raw(path, header, rows, units, run)
+        return _read_details(path, header, table.rows, run, table.lines)
+    present = [c for c in _DETAILS_COLUMNS if c in header]
+    if present:
+        missing = [c for c in ("Metric Name", "Metric Value") if c not in header]
+        raise ReportError(f"{path}: a details-page export (it has {', '.join(present)}) without the "
+                          f"{' and '.join(missing)} column; export it again with `ncu --csv --page details` and keep "
+                          "every column")
+    return _read_raw(path, header, table.rows, table.units, run, table.lines)
 
 
-def _read_details(path: Path, header: list[str], rows: list[list[str]], run: str) -> pd.DataFrame:
+def _read_details(path: Path, header: list[str], rows: list[list[str]], run: str,
+                  lines: Sequence[int]) -> pd.DataFrame:
     idx = {h: i for i, h in enumerate(header)}
     nvtx_col = _nvtx_column(header)
     i_section, i_name = idx.get("Section Name"), idx["Metric Name"]
     i_unit, i_value = idx.get("Metric Unit"), idx["Metric Value"]
     i_rule = idx.get("Rule Name")
     per_kernel: dict[int, tuple[_Kernel, dict[str, list[Any]], set[str]]] = {}
-    for row in rows:
+    for row, line in zip(rows, lines):
         name = _cell(row, i_name)
         if not name or _cell(row, i_rule):
             continue  # rule rows carry no metric; rule_results() reads them
+        if len(row) <= i_value:
+            raise ReportError(f"{path}, line {line}: metric row {name!r} ends before its Metric Value column; the "
+                              "export is truncated or damaged, export it again with `ncu --csv`")
         kernel_id = int(_cell(row, idx.get("ID")))
         entry = per_kernel.get(kernel_id)
         if entry is None:
@@ -196,7 +279,7 @@ def _read_details(path: Path, header: list[str], rows: list[list[str]], run: str
 
 
 def _read_raw(
-    path: Path, header: list[str], rows: list[list[str]], units: list[str] | None, run: str
+    path: Path, header: list[str], rows: list[list[str]], units: list[str] | None, run: str, lines: Sequence[int]
 ) -> pd.DataFrame:
     idx = {h: i for i, h in enumerate(header)}
     nvtx_col = _nvtx_column(header)
@@ -208,7 +291,10 @@ def _read_raw(
     if not metric_idx:
         raise ReportError(f"{path}: CSV has neither 'Metric Name'/'Metric Value' columns nor metric columns")
     entries = []
-    for row in rows:
+    for row, line in zip(rows, lines):
+        if len(row) < len(header):
+            raise ReportError(f"{path}, line {line}: a raw-page row of {len(row)} fields under a header of "
+                              f"{len(header)}; the export is truncated or damaged, export it again with `ncu --csv`")
         kernel = _kernel_from_row(row, idx, nvtx_col)
         cols = _empty_metric_cols()
         for i, metric in metric_idx:

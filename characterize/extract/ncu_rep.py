@@ -5,6 +5,13 @@
 from __future__ import annotations
 
 import math
+import os
+import re
+import signal
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +62,60 @@ def _read_head(path: Path, n: int = 64) -> bytes:
         raise ReportError(f"{path}: cannot be read ({exc})") from None
 
 
+_NATIVE_PREFIX = re.compile(r"^[EWIF]\d{4} [\d:.]+\s+\d+ [\w.]+:\d+\]\s*")
+
+
+@contextmanager
+def _native_stderr() -> Iterator[list[str]]:
+    """Collect what NVIDIA's native report library prints on file descriptor 2 while
+    loading (protobuf parse complaints about a damaged file), instead of letting it
+    spill several raw lines in front of our one-line error."""
+    lines: list[str] = []
+    try:
+        saved = os.dup(2)
+    except OSError:  # no stderr to redirect
+        yield lines
+        return
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield lines
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            for line in sink.read().decode("utf-8", "replace").splitlines():
+                line = _NATIVE_PREFIX.sub("", line).strip()
+                if line and "absl::InitializeLog" not in line and not line.startswith("***"):
+                    lines.append(line)
+
+
+#: (path, size, mtime) -> [the signal that killed a trial load ("" when it loaded), what the reader said]
+_PROBED: dict[tuple[str, int, int], list[str]] = {}
+
+
+def _crashes_on_load(ncu_report: Any, path: Path) -> list[str]:
+    """[the name of the signal a trial load of `path` dies of in a forked child ("" if it
+    loads), the reader's last words (filled in by the caller)]. NVIDIA's native reader
+    aborts the whole process (a failed protobuf CHECK, SIGABRT) on some damaged files,
+    which no exception handler can catch; probing in a child turns that into a
+    ReportError. Linux only (fork is unsafe elsewhere); one probe per file version."""
+    if not sys.platform.startswith("linux"):
+        return ["", ""]
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _PROBED:
+        pid = os.fork()
+        if pid == 0:  # the child only loads and leaves, without running any exit handler
+            try:
+                ncu_report.load_report(str(path))
+            finally:
+                os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        _PROBED[key] = [signal.Signals(os.WTERMSIG(status)).name if os.WIFSIGNALED(status) else "", ""]
+    return _PROBED[key]
+
+
 def _report_actions(ncu_report: Any, path: Path, allow_partial: bool) -> list[tuple[int, Any, tuple[str, ...]]]:
     """(kernel_id, action, metric names) of every result, in range then action order, checked for truncation.
 
@@ -67,17 +128,32 @@ def _report_actions(ncu_report: Any, path: Path, allow_partial: bool) -> list[tu
     head = _read_head(path)
     if not head:
         raise ReportError(f"{path}: the file is empty (0 bytes); the profile run probably failed, see its ncu log")
-    try:
-        context = ncu_report.load_report(str(path))
-    except Exception as exc:  # noqa: BLE001 - the library raises assorted types
-        raise ReportError(f"{path}: ncu_report could not load it ({type(exc).__name__}: {exc})") from None
+    with _native_stderr() as native:
+        probe = _crashes_on_load(ncu_report, path)
+        crash = probe[0]
+        if crash:
+            context = None
+        else:
+            try:
+                context = ncu_report.load_report(str(path))
+            except Exception as exc:  # noqa: BLE001 - the library raises assorted types
+                first = (str(exc).strip().splitlines() or [""])[0]
+                raise ReportError(f"{path}: ncu_report could not load it ({type(exc).__name__}: {first})") from None
+        actions = []
+        if context is not None:
+            for r in range(context.num_ranges()):
+                rng = context.range_by_idx(r)
+                for a in range(rng.num_actions()):
+                    actions.append(rng.action_by_idx(a))
+    if crash and native and not probe[1]:
+        probe[1] = native[0]
+    said = f" (ncu_report: {(native[0] if native else probe[1])[:160]})" if native or probe[1] else ""
+    if crash:
+        raise ReportError(f"{path}: corrupt: NVIDIA's report reader crashed on it ({crash}){said}; copy the report "
+                          "again or re-run the profile")
     if context is None:
-        raise ReportError(f"{path}: ncu_report returned nothing; the file is not a readable Nsight Compute report")
-    actions = []
-    for r in range(context.num_ranges()):
-        rng = context.range_by_idx(r)
-        for a in range(rng.num_actions()):
-            actions.append(rng.action_by_idx(a))
+        raise ReportError(f"{path}: ncu_report returned nothing; the file is not a readable Nsight Compute "
+                          f"report{said}")
     if not actions:
         if not head.startswith(_REPORT_MAGIC) and not path.name.endswith(".ncu-repz"):
             raise ReportError(
@@ -86,7 +162,7 @@ def _report_actions(ncu_report: Any, path: Path, allow_partial: bool) -> list[tu
             )
         raise ReportError(
             f"{path}: holds no profiled kernels; the file is truncated or corrupt, or ncu profiled nothing "
-            "(check the NVTX filter and the ncu log of that run)"
+            f"(check the NVTX filter and the ncu log of that run){said}"
         )
     complete = []
     for index, action in enumerate(actions):
@@ -97,12 +173,28 @@ def _report_actions(ncu_report: Any, path: Path, allow_partial: bool) -> list[tu
             raise ReportError(
                 f"{path}: truncated or corrupt: result {index + 1} of {len(actions)} has no kernel name and no "
                 f"metrics ({index} complete result(s) before it). Re-copy or re-run the profile; "
-                "read_report(..., allow_partial=True) returns the complete results only"
+                f"read_report(..., allow_partial=True) returns the complete results only{said}"
             )
         complete.append((index, action, names))
     if not complete:
-        raise ReportError(f"{path}: truncated or corrupt: no complete kernel result in the file")
+        raise ReportError(f"{path}: truncated or corrupt: no complete kernel result in the file{said}")
     return complete
+
+
+def _utf8(text: str | None, what: str, index: int) -> str:
+    """`text` when it is valid UTF-8 (ncu writes nothing else); a name with undecodable
+    bytes means the report is damaged, and would crash every writer downstream."""
+    if not text or text.isascii():
+        return text or ""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _Corrupt(f"{what} of result {index + 1} is not valid UTF-8") from None
+    return text
+
+
+class _Corrupt(Exception):
+    """One result of a report is damaged (internal: becomes ReportError or a skipped result)."""
 
 
 def _report_dims(action: Any, prefix: str) -> str:
@@ -145,44 +237,58 @@ def read_report(path: str | Path, run: str = "", *, allow_partial: bool = False)
 
     for kernel_id, action, names in actions:
         by_name = action.metric_by_name
-        for name in names:
-            m = by_name(name)
-            kind = get_kind(m)
-            raw_unit = get_unit(m)
-            norm = units.get(raw_unit)
-            if norm is None:
-                norm = units[raw_unit] = normalize_unit(raw_unit)
-            if kind in doubles:
-                value = as_double(m) * norm[1]
-                text = ""
-            elif kind in integers:
-                value = as_uint64(m) * norm[1]
-                text = ""
-            elif kind == string_kind:
-                value = nan
-                text = as_string(m) or ""
-            else:  # no value recorded (ValueKind_UNKNOWN / ANY)
-                value = nan
-                text = ""
-            metrics.append(name)
-            labels.append(get_label(m) or "")
-            unit_col.append(norm[0])
-            values.append(value)
-            texts.append(text)
-        counts.append(len(names))
+        start = len(metrics)
+        try:
+            for name in names:
+                if not name.isascii():  # undecodable bytes would raise TypeError in the binding
+                    _utf8(name, "a metric name", kernel_id)
+                m = by_name(name)
+                if m is None:
+                    raise _Corrupt(f"metric {name!r} of result {kernel_id + 1} is listed but cannot be read")
+                kind = get_kind(m)
+                raw_unit = get_unit(m)
+                norm = units.get(raw_unit)
+                if norm is None:
+                    norm = units[raw_unit] = normalize_unit(_utf8(raw_unit, "a unit", kernel_id))
+                if kind in doubles:
+                    value = as_double(m) * norm[1]
+                    text = ""
+                elif kind in integers:
+                    value = as_uint64(m) * norm[1]
+                    text = ""
+                elif kind == string_kind:
+                    value = nan
+                    text = _utf8(as_string(m), f"the value of {name}", kernel_id)
+                else:  # no value recorded (ValueKind_UNKNOWN / ANY)
+                    value = nan
+                    text = ""
+                metrics.append(name)
+                labels.append(_utf8(get_label(m), f"the label of {name}", kernel_id))
+                unit_col.append(norm[0])
+                values.append(value)
+                texts.append(text)
 
-        display = by_name("device__attribute_display_name")
-        kernels.append(
-            _Kernel(
+            display = by_name("device__attribute_display_name")
+            kernel = _Kernel(
                 kernel_id=kernel_id,
-                kernel_name=action.name(demangled) or action.name() or "",
-                function=action.name() or "",
-                nvtx_stack=tuple(_report_nvtx_stack(action)),
+                kernel_name=_utf8(action.name(demangled) or action.name() or "", "the kernel name", kernel_id),
+                function=_utf8(action.name() or "", "the function name", kernel_id),
+                nvtx_stack=tuple(_utf8(n, "an NVTX range name", kernel_id) for n in _report_nvtx_stack(action)),
                 grid=_report_dims(action, "launch__grid_dim"),
                 block=_report_dims(action, "launch__block_dim"),
-                device=(display.as_string() or "") if display is not None else "",
+                device=_utf8((display.as_string() or "") if display is not None else "", "the device name",
+                             kernel_id),
             )
-        )
+        except (_Corrupt, TypeError, UnicodeError, ValueError) as exc:
+            del metrics[start:], labels[start:], unit_col[start:], values[start:], texts[start:]
+            if allow_partial:
+                continue  # a damaged result costs only itself
+            why = str(exc) if isinstance(exc, _Corrupt) else f"result {kernel_id + 1} cannot be read ({type(exc).__name__})"
+            raise ReportError(f"{path}: corrupt: {why}; copy the report again or re-run the profile") from None
+        counts.append(len(metrics) - start)
+        kernels.append(kernel)
+    if not kernels:
+        raise ReportError(f"{path}: corrupt: no result of the report can be read; re-copy or re-run the profile")
 
     cols = {"metric": metrics, "label": labels, "unit": unit_col, "value": values, "value_text": texts}
     return _frame(kernels, counts, cols, run, path.name)

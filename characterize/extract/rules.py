@@ -9,13 +9,16 @@ from typing import Any
 
 import pandas as pd
 
+from characterize.errors import ReportError
 from characterize.extract.ncu_csv import _RULE_TYPES, _cell, _csv_table, _parse_number
 from characterize.extract.ncu_rep import (
     _REPORT_MAGIC,
+    _Corrupt,
     _existing_file,
     _import_ncu_report,
     _read_head,
     _report_actions,
+    _utf8,
 )
 from characterize.extract.read import _ZSTD_MAGIC
 from characterize.extract.schema import RULE_COLUMNS
@@ -23,6 +26,13 @@ from characterize.extract.schema import RULE_COLUMNS
 # ---------------------------------------------------------------------------
 # Rule results
 # ---------------------------------------------------------------------------
+
+
+def _text(value: Any, path: Path, index: int) -> str:
+    """A rule's text field: a string that is valid UTF-8, "" when absent."""
+    if value is None:
+        return ""
+    return _utf8(str(value), "a rule message", index)
 
 
 def _enum_name(enum_cls: Any, value: Any, default: str = "") -> str:
@@ -50,28 +60,37 @@ def rule_results(path: str | Path, run: str = "", *, allow_partial: bool = False
         actions = _report_actions(ncu_report, path, allow_partial)
         demangled = ncu_report.IAction.NameBase_DEMANGLED
         for kernel_id, action, _ in actions:
-            kernel_name = action.name(demangled) or action.name() or ""
-            for result in action.rule_results_as_dicts():
-                message = result.get("rule_message") or {}
-                speedup = result.get("speedup_estimation") or {}
-                rows.append(
-                    {
-                        "kernel_id": kernel_id,
-                        "kernel_name": kernel_name,
-                        "section": result.get("section_identifier") or "",
-                        "rule": result.get("rule_identifier") or "",
-                        "rule_name": result.get("name") or "",
-                        "message_type": _enum_name(ncu_report.MsgType, message.get("type"), "NONE"),
-                        "title": message.get("title") or "",
-                        "message": message.get("message") or "",
-                        "speedup_type": _enum_name(ncu_report.SpeedupType, speedup.get("type")).lower()
-                        if speedup
-                        else "",
-                        "estimated_speedup": float(speedup["speedup"]) if speedup else math.nan,
-                    }
-                )
+            try:
+                found = []
+                kernel_name = _utf8(action.name(demangled) or action.name() or "", "the kernel name", kernel_id)
+                for result in action.rule_results_as_dicts():
+                    message = result.get("rule_message") or {}
+                    speedup = result.get("speedup_estimation") or {}
+                    found.append(
+                        {
+                            "kernel_id": kernel_id,
+                            "kernel_name": kernel_name,
+                            "section": _text(result.get("section_identifier"), path, kernel_id),
+                            "rule": _text(result.get("rule_identifier"), path, kernel_id),
+                            "rule_name": _text(result.get("name"), path, kernel_id),
+                            "message_type": _enum_name(ncu_report.MsgType, message.get("type"), "NONE"),
+                            "title": _text(message.get("title"), path, kernel_id),
+                            "message": _text(message.get("message"), path, kernel_id),
+                            "speedup_type": _enum_name(ncu_report.SpeedupType, speedup.get("type")).lower()
+                            if speedup
+                            else "",
+                            "estimated_speedup": float(speedup["speedup"]) if speedup else math.nan,
+                        }
+                    )
+            except (_Corrupt, TypeError, UnicodeError, ValueError, KeyError, AttributeError) as exc:
+                if allow_partial:
+                    continue  # a damaged result costs only its own rules
+                why = str(exc) if isinstance(exc, _Corrupt) else f"result {kernel_id + 1} has unreadable rule results"
+                raise ReportError(f"{path}: corrupt: {why}; re-copy or re-run the profile") from None
+            rows.extend(found)
     else:
-        header, body, _ = _csv_table(path)
+        table = _csv_table(path)
+        header, body = table.header, table.rows
         idx = {h: i for i, h in enumerate(header)}
         if "Rule Name" in idx:
             for row in body:

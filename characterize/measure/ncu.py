@@ -27,6 +27,7 @@ from typing import TextIO
 
 from characterize.errors import ConfigError, NcuError, NcuNotFound, NcuPermissionError
 from characterize.extract.schema import HOPPER_STALL_REASONS, STALL_REASONS, stall_metric
+from characterize.measure.lifeline import parent_death_preexec
 
 __all__ = [
     "STALL_REASONS",
@@ -508,6 +509,7 @@ def run_ncu(
                 bufsize=1,
                 env=dict(env) if env is not None else None,
                 start_new_session=True,  # own process group: a timeout kills ncu and its target
+                preexec_fn=parent_death_preexec(signal.SIGTERM),  # and so does our death, even by SIGKILL
             )
         except FileNotFoundError:
             raise NcuNotFound(

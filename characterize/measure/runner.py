@@ -9,6 +9,7 @@ every finished report. Nothing already measured is ever redone unless asked.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -29,7 +30,7 @@ from characterize.hardware import devices
 from characterize.kernels.registry import get_variant
 from characterize.measure.ncu import NcuOptions, build_argv, export_path, ncu_version, run_ncu
 from characterize.measure.worker import EXIT_CUDA_ERROR, INFLIGHT, PROFILE_RANGE
-from characterize.store import RunDir, load_run, point_key
+from characterize.store import RunDir, RunLock, load_run, point_key
 
 Progress = Callable[[str], None]
 KERNEL_FILTER = "chz_|EmbeddingBag"  # our kernels and PyTorch's embedding-bag kernels
@@ -48,12 +49,21 @@ def pending_points(run: RunDir, kind: str, exp: ExperimentConfig, variants: Sequ
 
 
 def _worker_cmd(run_dir: Path, points: list[tuple[str, str]], backend: str | None) -> list[str]:
-    cmd = [sys.executable, "-m", "characterize.measure.worker", "bench", str(run_dir)]
+    cmd = [sys.executable, "-m", "characterize.measure.worker", "bench", str(run_dir), "--supervisor", str(os.getpid())]
     for v, d in points:
         cmd += ["--point", f"{v}:{d}"]
     if backend:
         cmd += ["--backend", backend]
     return cmd
+
+
+def _start_worker(run: RunDir, cmd: list[str]) -> subprocess.Popen:
+    """A bench worker tied to this process: it watches the stdin pipe we hold (and never
+    write), has the parent-death signal armed, and inherits the run directory's lock so
+    no second writer can start while it lives, even if it outlived us."""
+    lock_fd = run.lock.fd if run.lock is not None else None
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stdin=subprocess.PIPE,
+                            pass_fds=(lock_fd,) if lock_fd is not None else ())
 
 
 def _describe_exit(code: int) -> str:
@@ -73,17 +83,21 @@ def bench_points(run: RunDir, points: list[tuple[str, str]], backend: str | None
     inflight = run.path / "points" / "bench" / INFLIGHT
     while remaining:
         inflight.unlink(missing_ok=True)
-        proc = subprocess.Popen(_worker_cmd(run.path, remaining, backend), stdout=subprocess.DEVNULL)
+        proc = _start_worker(run, _worker_cmd(run.path, remaining, backend))
         try:
             code = proc.wait()
-        except KeyboardInterrupt:
-            proc.send_signal(signal.SIGINT)
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM/SIGHUP turned into it by the CLI
+            proc.terminate()  # SIGTERM: the worker unwinds (SIGINT may be ignored in background jobs)
             try:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 proc.kill()
+                proc.wait()
             run.log("bench interrupted; finished points are kept (resume with --resume)")
             raise
+        finally:
+            if proc.stdin is not None:
+                proc.stdin.close()
         finished = {(v, d) for v, d in remaining if run.point_path("bench", v, d).is_file()}
         remaining = [p for p in remaining if p not in finished]
         if code == 0 or not remaining:
@@ -192,8 +206,10 @@ def profile_points(run: RunDir, exp: ExperimentConfig, points: list[tuple[str, s
 
 
 def open_run(path: Path, exp: ExperimentConfig, meta: dict, stage: str, resume: bool) -> RunDir:
-    """Open a run directory for a stage. A directory holding another experiment is
+    """Open a run directory for a stage. Its writer lock is taken first (RunDirLocked
+    while another process writes it); a directory holding another experiment is
     refused; a stage with finished points needs --resume (or another --out)."""
+    lock = RunLock.acquire(path)  # noqa: F841 - held until create() takes the same lock for the RunDir it returns
     if (path / "meta.json").is_file():
         existing = load_run(path)
         old = existing.meta.get("experiment", {})

@@ -7,13 +7,19 @@ program Nsight Compute launches for one point: warm-up batches, then a few launc
 wrapped in NVTX ranges named chz/<variant>/<dataset>/<table> inside an outer range
 "chz-profile" that the ncu command line selects. Workers are separate processes so
 that a kernel fault or a kill loses at most the point in flight (see runner.py).
+Run as a program, a worker dies with its parent (lifeline.py): the kernel's
+parent-death signal and, under `--supervisor PID`, a watchdog on the stdin pipe the
+supervisor holds, so a killed `bench` never leaves a worker measuring.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
+import time
 import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -22,10 +28,11 @@ from typing import Any, Iterator
 
 import torch
 
-from characterize.config import ExperimentConfig, WorkloadConfig
+from characterize.config import ExperimentConfig, WorkloadConfig, check_memory, format_bytes
 from characterize.errors import CharacterizeError, KernelLaunchError
 from characterize.hardware import REFERENCE_ARCH, gpu_spec, require_gpu
 from characterize.kernels.library import bind, check_indices
+from characterize.measure.lifeline import EXIT_ORPHANED, die_with_parent, watch_pipe
 from characterize.measure.timing import L2Flusher, time_point
 from characterize.store import RunDir, load_run, point_key
 from characterize.workloads.traces import load_dataset
@@ -81,6 +88,9 @@ class Session:
         else:
             gpu, device = gpu_spec(exp.archs[0] if exp.archs else REFERENCE_ARCH), torch.device("cpu")
         wl.validate(gpu=gpu if backend == "cuda" else None)
+        if device.type == "cpu":  # emulation holds on the host what a GPU would, plus the generator's temporary
+            check_memory(wl.device_bytes() + wl.table_bytes,
+                         f"emulating {wl.T} table(s) of {format_bytes(wl.table_bytes)} on the CPU", "lower T, E or D")
         g = torch.Generator(device=device).manual_seed(wl.seed)
         tables = [torch.rand(wl.E, wl.D, generator=g, device=device) - 0.5 for _ in range(wl.T)]
         return cls(exp, wl, backend, device, tables, gpu)
@@ -224,19 +234,49 @@ def run_profile_target(run_dir: Path, variant: str, dataset: str, backend: str) 
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+#: seconds an orphaned worker gets to stop cleanly (finish writing a point file) before it is ended hard
+ORPHAN_GRACE_S = 2.0
+
+
+def _stop(signum: int, _frame: object) -> None:
+    """SIGTERM (the parent-death signal): unwind, so temporaries are removed and kernels closed."""
+    raise SystemExit(EXIT_ORPHANED)
+
+
+def _orphaned() -> None:
+    """The supervisor's pipe closed: stop like on SIGTERM, and hard after a grace period
+    (the main thread may be inside a long native call)."""
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(ORPHAN_GRACE_S)
+
+
+def supervise(supervisor: int | None) -> None:
+    """Tie this worker process to its parent: the parent-death signal, and with the
+    supervisor's pid, a check that it is still the parent plus the stdin-pipe watchdog."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _stop)
+    die_with_parent(signal.SIGTERM, parent=supervisor)
+    if supervisor is not None:
+        watch_pipe(0, on_close=_orphaned)
+
+
+def main(argv: list[str] | None = None, *, supervised: bool = False) -> int:
     ap = argparse.ArgumentParser(prog="python -m characterize.measure.worker")
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("bench")
     b.add_argument("run_dir", type=Path)
     b.add_argument("--point", action="append", default=[], help="VARIANT:DATASET")
     b.add_argument("--backend", default=None)
+    b.add_argument("--supervisor", type=int, default=None,
+                   help="pid of the supervising process; exit when it is gone or closes our stdin")
     p = sub.add_parser("profile")
     p.add_argument("run_dir", type=Path)
     p.add_argument("--variant", required=True)
     p.add_argument("--dataset", required=True)
     p.add_argument("--backend", default=None)
     args = ap.parse_args(argv)
+    if supervised:
+        supervise(getattr(args, "supervisor", None))
     backend = backend_from_env(args.backend)
     try:
         if args.cmd == "bench":
@@ -246,10 +286,29 @@ def main(argv: list[str] | None = None) -> int:
     except CharacterizeError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return e.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr, flush=True)
+        return 130
     except Exception:  # a bug: keep the traceback for the log, the supervisor marks the point failed
         traceback.print_exc()
         return 1
 
 
+def _run_as_program() -> None:
+    """The worker as its own process. A bench worker skips the interpreter's teardown
+    (about a second for torch and numba): its points are already written, and an
+    orphaned worker must be gone at once. The profile target exits normally, since
+    ncu's injected library finishes its report in exit handlers."""
+    try:
+        code = main(supervised=True)
+    except SystemExit as e:  # SIGTERM: finally-blocks have run by now
+        code = e.code if isinstance(e.code, int) else 1
+    if sys.argv[1:2] == ["bench"]:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _run_as_program()

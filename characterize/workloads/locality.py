@@ -6,14 +6,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
-from characterize.config import WorkloadConfig
+from characterize.config import WorkloadConfig, check_memory
 from characterize.errors import ConfigError, WorkloadError
 from characterize.workloads.presets import Hotness, parse_dataset
-from characterize.workloads.traces import generate_stream, load_dataset, load_trace
+from characterize.workloads.traces import generate_stream, generation_bytes, load_dataset, load_trace, sampling_bytes
 
 
 # ----------------------------------------------------------------- statistics
@@ -60,13 +61,32 @@ def _reuse_kernel():
     return numba.njit(cache=True, nogil=True)(_reuse_distances_py)
 
 
+#: peak bytes per lookup of the statistics: the distances, the Fenwick tree, the last-use
+#: table (at most 4 rows per lookup after compaction), and the sorts of quantiles and counts
+STATS_BYTES_PER_LOOKUP = 64
+
+
+def stats_bytes(lookups: int) -> int:
+    """Peak bytes of `locality_stats` (and `reuse_distances`) over `lookups` lookups."""
+    return STATS_BYTES_PER_LOOKUP * lookups + 8 * 1024
+
+
 def reuse_distances(indices: np.ndarray) -> np.ndarray:
     """For each lookup, the number of distinct other rows read since the previous read of
     the same row (-1 on a first read). An LRU cache of C rows hits iff distance < C.
     O(N log N) with a Fenwick tree over 'last use' markers."""
-    idx = np.ascontiguousarray(indices, dtype=np.int64)
+    idx = np.asarray(indices)
+    if idx.ndim != 1:
+        raise WorkloadError(f"reuse distances need a flat stream of lookups, got an array of shape {idx.shape}")
+    if idx.dtype.kind not in "iu":
+        raise WorkloadError(f"lookups must be integer row indices, got dtype {idx.dtype}")
+    idx = np.ascontiguousarray(idx, dtype=np.int64)
     if idx.size == 0:
         return np.empty(0, dtype=np.int64)
+    if idx.min() < 0:
+        raise WorkloadError(f"negative row index {int(idx.min())} at position {int(np.argmin(idx))}")
+    check_memory(stats_bytes(idx.size), f"the reuse distances of {idx.size:,} lookups",
+                 "analyze fewer lookups")
     if idx.max() >= 4 * idx.size + 1024:  # sparse ids: compact them first
         _, idx = np.unique(idx, return_inverse=True)
         idx = idx.astype(np.int64)
@@ -75,6 +95,11 @@ def reuse_distances(indices: np.ndarray) -> np.ndarray:
 
 #: the paper's hot-row count K: 60K rows of 512 B (~29 MiB) is about an A100's persisting-L2 budget
 PAPER_HOT_ROWS = 60_000
+
+def coverage_ks(rows: int, points: int = 33) -> set[int]:
+    """K from 1 to `rows`, log-spaced: where a top-K coverage curve is sampled."""
+    return {int(k) for k in np.unique(np.geomspace(1, max(rows, 1), points).round())}
+
 
 QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9, 0.99)
 
@@ -107,22 +132,32 @@ class LocalityStats:
         }
 
 
+def _check_ks(ks: Sequence[int]) -> list[int]:
+    bad = [k for k in ks if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 1]
+    if bad:
+        raise ConfigError(f"top-K coverage needs K >= 1 (rows), got {', '.join(map(str, bad))}")
+    return sorted(set(int(k) for k in ks))
+
+
 def top_k_coverage(indices: np.ndarray, ks: Sequence[int]) -> dict[int, float]:
     """Fraction of lookups that go to the K most frequent rows, for each K."""
+    ks = _check_ks(ks)
     _, counts = np.unique(indices, return_counts=True)
     counts = np.sort(counts)[::-1]
     csum = np.cumsum(counts)
     n = len(indices)
-    return {int(k): float(csum[min(k, len(csum)) - 1] / n) if k > 0 else 0.0 for k in ks}
+    return {k: float(csum[min(k, len(csum)) - 1] / n) for k in ks}
 
 
 def locality_stats(indices: np.ndarray, rows: int | None = None, row_bytes: int = 512,
                    top_k: Sequence[int] = (PAPER_HOT_ROWS,), distances: np.ndarray | None = None) -> LocalityStats:
     """Statistics of one table's lookups (pass precomputed `distances` to reuse them)."""
-    idx = np.asarray(indices, dtype=np.int64)
+    ks = _check_ks(top_k)
+    idx = np.asarray(indices)
     if idx.size == 0:
         raise WorkloadError("no lookups to analyze")
     d = reuse_distances(idx) if distances is None else distances
+    idx = idx.astype(np.int64, copy=False)
     unique = int(np.count_nonzero(d < 0))
     reused = d[d >= 0]
     if reused.size:
@@ -140,7 +175,7 @@ def locality_stats(indices: np.ndarray, rows: int | None = None, row_bytes: int 
             hist.append((lo, hi, c / n))
     return LocalityStats(
         lookups=int(n), unique_rows=unique, rows=rows, row_bytes=row_bytes,
-        top_k_coverage=top_k_coverage(idx, sorted(set(int(k) for k in top_k))),
+        top_k_coverage=top_k_coverage(idx, ks),
         reuse_distance_quantiles=quant, cold_fraction=unique / n, bytes_touched=unique * row_bytes,
         reuse_histogram=tuple(hist))
 
@@ -150,6 +185,21 @@ def lru_hit_rate(distances: np.ndarray, capacity_rows: float) -> float:
     if distances.size == 0:
         return 0.0
     return float(np.count_nonzero((distances >= 0) & (distances < capacity_rows)) / distances.size)
+
+
+def check_dataset(spec: str, config: WorkloadConfig) -> None:
+    """Refuse, before any work, a dataset that cannot be used: a trace file that does not
+    exist, or a table whose generation and statistics exceed the host-memory budget."""
+    parsed = parse_dataset(spec)
+    if isinstance(parsed, Hotness):
+        n = config.B * config.batches * config.L.max
+        check_memory(generation_bytes(parsed, config, 1) + stats_bytes(n),
+                     f"dataset {spec} (one table: {n:,} lookups over E={config.E:,} rows, and its statistics)",
+                     "lower B, L, batches or E")
+    elif not parsed.is_file():
+        where = "" if parsed.is_absolute() else f" (relative to {Path.cwd()})"
+        raise WorkloadError(f"dataset {spec}: no such trace file{where}; fix the path or remove it from the "
+                            "experiment's datasets")
 
 
 @dataclass(frozen=True)
@@ -169,8 +219,18 @@ def source_locality(source: str, config: WorkloadConfig, *, rows: int | None = N
     `lookups`) or a trace file (E inferred unless `rows` is given). K defaults to the
     paper's; callers add more (rows fitting an L2, say) through `top_k`."""
     parsed = parse_dataset(source)
+    ks = _check_ks([*top_k, PAPER_HOT_ROWS])
+    if lookups is not None and lookups < 1:
+        raise ConfigError(f"lookups must be a positive number, got {lookups}")
+    if table < 0:
+        raise ConfigError(f"table must be 0 or more, got {table}")
     if isinstance(parsed, Hotness):
         E = config.E
+        # refuse before generating: the trace plus the statistics over it
+        n = lookups or config.B * config.batches * config.L.max
+        gen = sampling_bytes(parsed, E, n) if lookups else generation_bytes(parsed, config, 1)
+        check_memory(gen + stats_bytes(n), f"the locality statistics of {source} (table {table}: {n:,} lookups "
+                     f"over E={E:,} rows)", "lower B, L, batches or E, or analyze a stream of fewer lookups (--lookups)")
         if lookups:
             indices = generate_stream(parsed, E, lookups, seed=config.seed, table=table)
         else:
@@ -180,5 +240,4 @@ def source_locality(source: str, config: WorkloadConfig, *, rows: int | None = N
         if not 0 <= table < len(ds.tables):
             raise ConfigError(f"table {table} not in {source} ({len(ds.tables)} tables)")
         E, indices = ds.rows, ds.tables[table].indices
-    ks = sorted(set(top_k) | {PAPER_HOT_ROWS})
     return SourceLocality(source, table, E, config.row_bytes, locality_stats(indices, E, config.row_bytes, ks))

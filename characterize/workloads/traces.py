@@ -1,18 +1,25 @@
 """Workload stage, traces: generate a dataset from a preset, or read one from a file
 (txt, npy/npz, dlrm .pt), with every out-of-range index named by file, table and position.
+
+Memory is estimated before anything is generated or loaded and refused beyond the
+host-memory budget (config.check_memory). Flat streams (.txt, .npy) are read in
+chunks: the whole file is range-checked and its largest index found, but only the
+lookups the workload takes are kept, so a trace larger than RAM still works.
 """
 
 from __future__ import annotations
 
+import os
+import warnings
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from characterize.config import WorkloadConfig
-from characterize.errors import ConfigError, WorkloadError
+from characterize.config import WorkloadConfig, check_memory, format_bytes
+from characterize.errors import CharacterizeError, ConfigError, MemoryBudgetError, WorkloadError
 from characterize.workloads.presets import Hotness, _rng, parse_dataset, sample_indices
 
 
@@ -62,14 +69,35 @@ def _bags_from_lengths(lengths: np.ndarray, batches: int, B: int) -> tuple[np.nd
     return offsets, starts
 
 
+def sampling_bytes(h: Hotness, E: int, n: int) -> int:
+    """Peak bytes of `sample_indices` for n lookups over E rows: the output, the sampler's
+    temporaries (uniform draws, masks, ranks: ~5 arrays of n) and the row permutation and
+    rank CDF (pool x E, with its temporaries)."""
+    if h.one_item:
+        return 8 * n
+    return 42 * n + 8 * E + 32 * int(h.pool * E)
+
+
+def generation_bytes(h: Hotness, config: WorkloadConfig, tables: int) -> int:
+    """Peak bytes of generating `tables` tables: every table's indices and bag offsets
+    kept, plus one table's sampling temporaries."""
+    n = config.B * config.batches * config.L.max
+    return tables * (8 * n + 32 * config.B * config.batches) + sampling_bytes(h, config.E, n)
+
+
 def generate(spec: str | Hotness, config: WorkloadConfig, tables: Iterable[int] | None = None) -> Dataset:
     """Generate a preset or zipf:ALPHA dataset for `config` (all T tables by default)."""
     h = parse_dataset(spec) if isinstance(spec, str) else spec
     if not isinstance(h, Hotness):
         raise ConfigError(f"{spec} is a file; use load_trace()")
     config.L.validate()
+    which = list(range(config.T) if tables is None else tables)
+    n = config.B * config.batches * config.L.max
+    check_memory(generation_bytes(h, config, len(which)),
+                 f"generating {h.name} for {len(which)} table(s) ({n:,} lookups each over E={config.E:,} rows)",
+                 "lower B, L, batches or E")
     traces = []
-    for t in (range(config.T) if tables is None else tables):
+    for t in which:
         rng = _rng(config.seed, t, h.name)
         lengths = config.L.sample(rng, config.B * config.batches)
         offsets, starts = _bags_from_lengths(lengths, config.batches, config.B)
@@ -82,75 +110,242 @@ def generate_stream(spec: str | Hotness, E: int, n: int, seed: int = 0, table: i
     h = parse_dataset(spec) if isinstance(spec, str) else spec
     if not isinstance(h, Hotness):
         raise ConfigError(f"{spec} is a file, not a generator")
+    check_memory(sampling_bytes(h, E, n), f"generating {n:,} {h.name} lookups over E={E:,} rows",
+                 "ask for fewer lookups or a smaller E")
     return sample_indices(h, E, n, _rng(seed, table, h.name))
 
 
 # ------------------------------------------------------------------- loaders
+INT64_MAX = np.iinfo(np.int64).max
+#: bytes of a trace file read at once when streaming (.txt, .npy)
+CHUNK_BYTES = 16 * 2**20
+
+
 def _check_range(values: np.ndarray, rows: int | None, path: Path, table: int, base: int = 0) -> int:
     """Rows of the table (given or inferred); out-of-range indices -> WorkloadError."""
     if values.size == 0:
         raise WorkloadError(f"{path}: table {table} has no indices")
+    _check_chunk(values, rows, path, table, base)
+    return rows if rows is not None else int(values.max()) + 1
+
+
+def _check_chunk(values: np.ndarray, rows: int | None, path: Path, table: int, base: int) -> None:
+    """Negative or (with `rows`) out-of-range indices of one chunk -> WorkloadError with the position."""
     neg = np.flatnonzero(values < 0)
     if neg.size:
         p = int(neg[0])
-        raise WorkloadError(f"{path}: table {table}, position {base + p}: negative index {int(values[p])}")
-    if rows is None:
-        return int(values.max()) + 1
-    big = np.flatnonzero(values >= rows)
-    if big.size:
-        p = int(big[0])
-        raise WorkloadError(f"{path}: table {table}, position {base + p}: index {int(values[p])} is out of "
-                            f"range for {rows} rows (pass --rows to set the table size)")
-    return rows
+        raise WorkloadError(f"{path}: table {table}, position {base + p}: negative index {int(values[p])}; "
+                            "row indices start at 0")
+    if rows is not None:
+        big = np.flatnonzero(values >= rows)
+        if big.size:
+            p = int(big[0])
+            raise WorkloadError(f"{path}: table {table}, position {base + p}: index {int(values[p])} is out of "
+                                f"range for {rows} rows (pass --rows to set the table size)")
 
 
-def _as_int_array(a: object, path: Path, what: str) -> np.ndarray:
+def _as_int_array(a: object, path: Path, what: str, base: int = 0, table: int = 0) -> np.ndarray:
+    """int64 view or copy of an integer array; unsigned values beyond int64 are refused by
+    position instead of wrapping around to negative numbers."""
     arr = a.numpy() if hasattr(a, "numpy") else np.asarray(a)
     if arr.dtype.kind not in "iu":
         raise WorkloadError(f"{path}: {what} must be integers, got dtype {arr.dtype}")
+    if arr.dtype.kind == "u" and arr.dtype.itemsize == 8 and arr.size:
+        flat = arr.reshape(-1)
+        over = np.flatnonzero(flat > INT64_MAX)
+        if over.size:
+            p = int(over[0])
+            raise WorkloadError(f"{path}: table {table}, position {base + p}: {what} value {int(flat[p])} does not "
+                                "fit 64-bit signed indexing (larger than 2^63-1); check the array's dtype")
     return arr.astype(np.int64, copy=False)
 
 
-def _read_text(path: Path) -> np.ndarray:
-    try:
-        text = path.read_text()
-    except UnicodeDecodeError:
-        raise WorkloadError(f"{path}: not a text trace (expected one index per line)") from None
-    values = []
-    for n, line in enumerate(text.splitlines(), 1):
-        s = line.strip()
-        if not s or s.startswith("#"):
+@dataclass
+class _Scan:
+    """One pass over an index stream: its length, its largest index, its first `keep` values."""
+
+    length: int
+    largest: int
+    head: np.ndarray
+
+
+def _scan(chunks: Iterator[np.ndarray], keep: int, rows: int | None, path: Path, table: int) -> _Scan:
+    """Range-check every chunk of a stream and keep only its first `keep` values, so the
+    memory held is `keep` values plus one chunk whatever the file's size."""
+    kept: list[np.ndarray] = []
+    have = 0
+    largest = -1
+    pos = 0
+    for chunk in chunks:
+        if chunk.size == 0:
+            continue
+        _check_chunk(chunk, rows, path, table, pos)
+        largest = max(largest, int(chunk.max()))
+        if have < keep:
+            part = chunk if len(chunk) <= keep - have else chunk[: keep - have].copy()
+            kept.append(part)
+            have += len(part)
+        pos += len(chunk)
+    if pos == 0:
+        raise WorkloadError(f"{path}: table {table} has no indices")
+    head = np.concatenate(kept) if kept else np.empty(0, dtype=np.int64)
+    return _Scan(pos, largest, head)
+
+
+def _parse_lines(block: bytes, first_line: int, path: Path) -> np.ndarray:
+    """The careful parser: one integer per line, blank lines and # comments skipped,
+    every problem named by its line."""
+    values: list[int] = []
+    for n, raw in enumerate(block.split(b"\n"), first_line):
+        s = raw.strip()
+        if not s or s.startswith(b"#"):
             continue
         try:
-            values.append(int(s))
+            v = int(s)
         except ValueError:
-            raise WorkloadError(f"{path}, line {n}: {s[:40]!r} is not an integer index") from None
-    if not values:
-        raise WorkloadError(f"{path}: no indices in the file")
+            text = s[:40].decode("utf-8", "replace")
+            raise WorkloadError(f"{path}, line {n}: {text!r} is not an integer index; a text trace holds one "
+                                "row index per line") from None
+        if not -INT64_MAX - 1 <= v <= INT64_MAX:
+            raise WorkloadError(f"{path}, line {n}: index {s[:40].decode()} does not fit 64 bits; "
+                                "row indices must be below 2^63")
+        values.append(v)
     return np.asarray(values, dtype=np.int64)
 
 
-def _streams_to_dataset(streams: list[np.ndarray], path: Path, config: WorkloadConfig, rows: int | None,
-                        tables: int) -> Dataset:
+def _parse_block(block: bytes, first_line: int, path: Path) -> np.ndarray:
+    """Indices of a block of whole lines. A fast C parser takes blocks that are plainly
+    one integer per line; anything else (comments, junk, a value numpy would clamp,
+    two values on a line) goes through the careful parser for an exact message."""
+    if b"#" not in block:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                values = np.fromstring(block, dtype=np.int64, sep=" ")
+        except (ValueError, DeprecationWarning):
+            values = None
+        lines = block.count(b"\n")
+        if values is not None and len(values) == lines and not (
+                values.size and (values.max() == INT64_MAX or values.min() == -INT64_MAX - 1)):
+            return values
+    return _parse_lines(block, first_line, path)
+
+
+def _text_chunks(path: Path) -> Iterator[np.ndarray]:
+    """A text trace, CHUNK_BYTES at a time, cut at line ends."""
+    line = 1
+    rest = b""
+    with open(path, "rb") as f:
+        while True:
+            data = f.read(CHUNK_BYTES)
+            if not data:
+                break
+            data = rest + data
+            cut = data.rfind(b"\n")
+            if cut < 0:
+                if len(data) > CHUNK_BYTES:
+                    raise WorkloadError(f"{path}, line {line}: longer than {format_bytes(CHUNK_BYTES)} without a "
+                                        "line break; not a text trace (one row index per line)")
+                rest = data
+                continue
+            block, rest = data[: cut + 1], data[cut + 1:]
+            yield _parse_block(block, line, path)
+            line += block.count(b"\n")
+    if rest.strip():
+        yield _parse_block(rest + b"\n", line, path)
+
+
+def _npy_header(f, path: Path) -> tuple[tuple[int, ...], np.dtype, bool]:
+    """(shape, dtype, fortran_order) of an open .npy file, checked against its size."""
+    try:
+        version = np.lib.format.read_magic(f)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+        else:
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+    except Exception as e:  # noqa: BLE001 - numpy raises assorted types on a damaged header
+        raise WorkloadError(f"{path}: not a readable .npy array ({type(e).__name__}: {str(e).splitlines()[0]}); "
+                            "is the file truncated or not a numpy file?") from None
+    if dtype.kind not in "iu" or dtype.hasobject:
+        raise WorkloadError(f"{path}: the array must hold integers, got dtype {dtype}")
+    if len(shape) not in (1, 2):
+        raise WorkloadError(f"{path}: a .npy trace is 1-D (one stream) or 2-D (one row per table); got shape "
+                            f"{shape}")
+    need = int(np.prod(shape, dtype=object)) * dtype.itemsize
+    have = os.fstat(f.fileno()).st_size - f.tell()
+    if have < need:
+        raise WorkloadError(f"{path}: truncated: its header promises shape {shape} ({format_bytes(need)}) but "
+                            f"only {format_bytes(have)} of data follow")
+    return tuple(int(x) for x in shape), dtype, bool(fortran)
+
+
+def _npy_chunks(path: Path, offset: int, count: int, dtype: np.dtype, table: int) -> Iterator[np.ndarray]:
+    """`count` values of `dtype` from byte `offset`, as int64 chunks."""
+    per = max(1, CHUNK_BYTES // dtype.itemsize)
+    done = 0
+    with open(path, "rb") as f:
+        f.seek(offset)
+        while done < count:
+            part = np.fromfile(f, dtype=dtype, count=min(per, count - done))
+            if part.size == 0:
+                raise WorkloadError(f"{path}: ends after {done} of {count} values of table {table}; truncated?")
+            yield _as_int_array(part, path, "index", base=done, table=table)
+            done += part.size
+
+
+def _npy_streams(path: Path) -> list[tuple[int, Callable[[], Iterator[np.ndarray]]]]:
+    """(length, chunk reader) for each stream of a .npy trace, without loading it."""
+    with open(path, "rb") as f:
+        shape, dtype, fortran = _npy_header(f, path)
+        data = f.tell()
+    if len(shape) == 1:
+        return [(shape[0], lambda: _npy_chunks(path, data, shape[0], dtype, 0))]
+    rows, n = shape
+    if fortran:  # column-major: a table's row is strided; read the array whole
+        arr = np.load(path, allow_pickle=False, mmap_mode="r")
+        return [(n, lambda r=r: iter([_as_int_array(np.array(arr[r]), path, "index", table=r)]))
+                for r in range(rows)]
+    return [(n, lambda r=r: _npy_chunks(path, data + r * n * dtype.itemsize, n, dtype, r)) for r in range(rows)]
+
+
+def _file_streams(p: Path) -> list[tuple[int | None, Callable[[], Iterator[np.ndarray]]]]:
+    if p.suffix.lower() == ".npy":
+        return list(_npy_streams(p))
+    return [(None, lambda: _text_chunks(p))]
+
+
+def _streams_to_dataset(streams: list[tuple[int | None, Callable[[], Iterator[np.ndarray]]]], path: Path,
+                        config: WorkloadConfig, rows: int | None, tables: int) -> Dataset:
     """Cut flat index streams into batches of B bags, reading circularly (the paper's way):
-    table t continues where table t-1 stopped when one stream serves every table."""
-    inferred = [_check_range(s, rows, path, i) for i, s in enumerate(streams)]
-    E = rows or max(inferred)
+    table t continues where table t-1 stopped when one stream serves every table.
+    Every stream is read once in chunks and range-checked whole, but only the lookups
+    the tables take are kept (bag lengths are drawn first, so that number is known)."""
     rng = _rng(config.seed, 0, path.name)
+    lengths = [config.L.sample(rng, config.B * config.batches) for _ in range(tables)]
+    sizes = [int(x.sum()) for x in lengths]
+    if len(streams) == 1:
+        keep = [sum(sizes)]
+    else:
+        keep = [max([sizes[t] for t in range(tables) if t % len(streams) == i], default=0)
+                for i in range(len(streams))]
+    check_memory(16 * sum(sizes) + 8 * sum(keep),
+                 f"reading {sum(sizes):,} lookups of {path.name} for {tables} table(s)", "lower B, L, batches or T")
+    scans = [_scan(read(), k, rows, path, i) for i, ((_, read), k) in enumerate(zip(streams, keep))]
+    E = rows or max(s.largest for s in scans) + 1
     out = []
     cursor = 0
     for t in range(tables):
-        stream = streams[t % len(streams)]
-        if len(streams) > 1:
+        scan = scans[t % len(scans)]
+        if len(scans) > 1:
             cursor = 0
-        lengths = config.L.sample(rng, config.B * config.batches)
-        offsets, starts = _bags_from_lengths(lengths, config.batches, config.B)
+        offsets, starts = _bags_from_lengths(lengths[t], config.batches, config.B)
         n = int(starts[-1])
-        take = (cursor + np.arange(n)) % len(stream)
-        out.append(TableTrace(stream[take], offsets, starts))
-        cursor = (cursor + n) % len(stream)
+        # only positions below `keep` are ever taken, unless the whole stream was kept
+        take = (cursor + np.arange(n)) % scan.length
+        out.append(TableTrace(scan.head[take], offsets, starts))
+        cursor = (cursor + n) % scan.length
     return Dataset(path.stem, str(path), E, out, f"trace file {path.name}, read circularly",
-                   {"stream_lengths": [int(len(s)) for s in streams]})
+                   {"stream_lengths": [s.length for s in scans]})
 
 
 def _bagged_to_dataset(per_table: list[tuple[np.ndarray, np.ndarray, int]], path: Path, config: WorkloadConfig,
@@ -188,6 +383,8 @@ def _split_bagged(indices: np.ndarray, offsets: np.ndarray, tables: int,
     if offsets[-1] > len(indices) or offsets[0] < 0:
         raise WorkloadError(f"{path}: offsets reach {int(offsets[-1])} but there are only {len(indices)} "
                             "indices (truncated file?)")
+    if tables < 1:
+        raise WorkloadError(f"{path}: lengths say {tables} tables")
     nbags = len(offsets) - 1
     if nbags % tables:
         raise WorkloadError(f"{path}: {nbags} bags do not split into {tables} tables")
@@ -199,64 +396,107 @@ def _split_bagged(indices: np.ndarray, offsets: np.ndarray, tables: int,
     return out
 
 
+def _npz_bytes(p: Path) -> int:
+    """Bytes the arrays of an .npz need once loaded, from the member headers (nothing is
+    decompressed); a member whose header promises more than it holds is refused."""
+    total = 0
+    with zipfile.ZipFile(p) as z:
+        for info in z.infolist():
+            if not info.filename.endswith(".npy"):
+                continue
+            with z.open(info) as f:
+                version = np.lib.format.read_magic(f)
+                read = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+                    np.lib.format.read_array_header_2_0
+                shape, _, dtype = read(f)
+                need = int(np.prod(shape, dtype=object)) * dtype.itemsize
+                if need > info.file_size:
+                    raise WorkloadError(f"{p}: member {info.filename} promises {format_bytes(need)} of data but "
+                                        f"holds {format_bytes(info.file_size)}; the archive is corrupt")
+                total += need
+    return total
+
+
+def _load_npz(p: Path, config: WorkloadConfig, rows: int | None, T: int) -> Dataset:
+    check_memory(3 * _npz_bytes(p), f"loading {p.name}", "use a smaller trace, or split it into one array per table")
+    with np.load(p, allow_pickle=False) as z:
+        keys = list(z.keys())
+        if "indices" in keys and ("offsets" in keys or "lengths" in keys):
+            idx = _as_int_array(z["indices"], p, "indices").reshape(-1)
+            if "offsets" in keys:
+                offs = _as_int_array(z["offsets"], p, "offsets")
+            else:
+                offs = _as_int_array(z["lengths"], p, "lengths").reshape(-1)
+                if offs.size and offs.min() < 0:
+                    raise WorkloadError(f"{p}: negative bag length at position {int(np.argmax(offs < 0))}")
+                offs = np.concatenate([[0], np.cumsum(offs)])
+            if len(offs) > 0 and offs.ndim == 1 and offs[-1] < len(idx):
+                offs = np.concatenate([offs, [len(idx)]])
+            ntab = len(z["lengths"]) if "lengths" in keys and z["lengths"].ndim == 2 else 1
+            parts = _split_bagged(idx, offs, ntab, p)
+            return _bagged_to_dataset(parts[:T], p, config, rows)
+        arrays = [_as_int_array(z[k], p, k).reshape(-1) for k in sorted(keys)]
+    if not arrays:
+        raise WorkloadError(f"{p}: the archive holds no arrays")
+    streams = [(len(a), lambda a=a: iter([a])) for a in arrays]
+    return _streams_to_dataset(streams, p, config, rows, T)
+
+
+def _load_pt(p: Path, config: WorkloadConfig, rows: int | None, T: int) -> Dataset:
+    import torch
+
+    check_memory(3 * p.stat().st_size, f"loading {p.name}", "use a smaller trace")
+    try:
+        obj = torch.load(p, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - torch raises assorted types, with pages of advice
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        if "weights_only" in str(e) or "Unsupported global" in str(e):
+            raise WorkloadError(f"{p}: holds Python objects, not plain tensors; save the trace as "
+                                "torch.save((indices, offsets, lengths)) as in Meta's dlrm_datasets, "
+                                "or convert it to .npz") from None
+        raise WorkloadError(f"{p}: cannot read as a torch file ({type(e).__name__}: {first[:200]})") from None
+    if isinstance(obj, dict):
+        obj = tuple(obj.get(k) for k in ("indices", "offsets", "lengths"))
+    if not isinstance(obj, (tuple, list)) or len(obj) < 2 or obj[0] is None or obj[1] is None or \
+            not all(hasattr(o, "numpy") or isinstance(o, np.ndarray) for o in obj[:2]):
+        raise WorkloadError(f"{p}: expected (indices, offsets, lengths) tensors as in Meta's dlrm_datasets")
+    idx = _as_int_array(obj[0], p, "indices").reshape(-1)
+    offs = _as_int_array(obj[1], p, "offsets").reshape(-1)
+    ntab = 1
+    if len(obj) > 2 and obj[2] is not None and getattr(obj[2], "ndim", 1) == 2:
+        ntab = int(obj[2].shape[0])
+    parts = _split_bagged(idx, offs, ntab, p)
+    return _bagged_to_dataset(parts[: min(T, len(parts))], p, config, rows)
+
+
 def load_trace(path: str | Path, config: WorkloadConfig | None = None, rows: int | None = None,
                tables: int | None = None) -> Dataset:
     """Load a trace file: .txt (one index per line), .npy (1-D stream or 2-D [tables, n]),
     .npz (indices+offsets[+lengths], or one array per table), .pt (dlrm_datasets:
-    indices, offsets, lengths). `rows` is E (inferred from the largest index if None)."""
+    indices, offsets, lengths). `rows` is E (inferred from the largest index if None).
+    Any damage is a WorkloadError naming the file; memory is checked before loading."""
     p = Path(path)
     config = config or WorkloadConfig()
     if not p.is_file():
-        raise WorkloadError(f"{p}: no such trace file")
+        where = "" if p.is_absolute() else f" (relative to {Path.cwd()})"
+        raise WorkloadError(f"{p}: no such trace file{where}; check the path")
     T = tables or config.T
     suffix = p.suffix.lower()
     try:
-        if suffix == ".npy":
-            arr = _as_int_array(np.load(p, allow_pickle=False), p, "the array")
-            streams = [arr] if arr.ndim == 1 else list(arr)
-            return _streams_to_dataset(streams, p, config, rows, T)
         if suffix == ".npz":
-            with np.load(p, allow_pickle=False) as z:
-                keys = list(z.keys())
-                if "indices" in keys and ("offsets" in keys or "lengths" in keys):
-                    idx = _as_int_array(z["indices"], p, "indices")
-                    if "offsets" in keys:
-                        offs = _as_int_array(z["offsets"], p, "offsets")
-                    else:
-                        lens = _as_int_array(z["lengths"], p, "lengths").reshape(-1)
-                        offs = np.concatenate([[0], np.cumsum(lens)])
-                    if offs[-1] != len(idx) and len(offs) > 0 and offs[-1] < len(idx):
-                        offs = np.concatenate([offs, [len(idx)]])
-                    ntab = len(z["lengths"]) if "lengths" in keys and z["lengths"].ndim == 2 else 1
-                    parts = _split_bagged(idx, offs, ntab, p)
-                    return _bagged_to_dataset(parts[:T], p, config, rows)
-                streams = [_as_int_array(z[k], p, k).reshape(-1) for k in sorted(keys)]
-                if not streams:
-                    raise WorkloadError(f"{p}: the archive holds no arrays")
-                return _streams_to_dataset(streams, p, config, rows, T)
+            return _load_npz(p, config, rows, T)
         if suffix in (".pt", ".pth"):
-            import torch
-
-            try:
-                obj = torch.load(p, map_location="cpu", weights_only=True)
-            except Exception as e:
-                raise WorkloadError(f"{p}: cannot read as a torch file ({type(e).__name__}: {e})") from None
-            if isinstance(obj, dict):
-                obj = tuple(obj.get(k) for k in ("indices", "offsets", "lengths"))
-            if not isinstance(obj, (tuple, list)) or len(obj) < 2 or obj[0] is None or obj[1] is None:
-                raise WorkloadError(f"{p}: expected (indices, offsets, lengths) tensors as in Meta's dlrm_datasets")
-            idx = _as_int_array(obj[0], p, "indices").reshape(-1)
-            offs = _as_int_array(obj[1], p, "offsets").reshape(-1)
-            ntab = 1
-            if len(obj) > 2 and obj[2] is not None and getattr(obj[2], "ndim", 1) == 2:
-                ntab = int(obj[2].shape[0])
-            parts = _split_bagged(idx, offs, ntab, p)
-            if T > len(parts):
-                T = len(parts)
-            return _bagged_to_dataset(parts[:T], p, config, rows)
-        return _streams_to_dataset([_read_text(p)], p, config, rows, T)
-    except (ValueError, OSError, zipfile.BadZipFile, EOFError) as e:
-        raise WorkloadError(f"{p}: cannot read the trace ({type(e).__name__}: {e}); is the file truncated?") from None
+            return _load_pt(p, config, rows, T)
+        return _streams_to_dataset(_file_streams(p), p, config, rows, T)
+    except CharacterizeError:
+        raise
+    except MemoryError:
+        raise MemoryBudgetError(f"{p}: ran out of memory while loading; lower the memory budget's share or "
+                                "use a smaller trace") from None
+    except Exception as e:  # noqa: BLE001 - numpy, zipfile and zlib raise assorted types on damaged files
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        raise WorkloadError(f"{p}: cannot read the trace ({type(e).__name__}: {first}); the file is damaged, "
+                            "truncated or not in a supported format") from None
 
 
 def load_dataset(spec: str, config: WorkloadConfig, tables: Iterable[int] | None = None) -> Dataset:
@@ -277,11 +517,18 @@ def write_trace(ds: Dataset, path: str | Path) -> Path:
     per line; anything else an .npz in the dlrm_datasets layout (indices, offsets and
     lengths of shape T x batches*B)."""
     path = Path(path)
-    if path.suffix == ".txt":
-        np.savetxt(path, ds.tables[0].indices, fmt="%d")
-        return path
-    lengths = np.stack([tr.lengths() for tr in ds.tables])
-    offsets = np.concatenate([[0], np.cumsum(lengths.reshape(-1))])
-    with path.open("wb") as f:   # a file object keeps numpy from appending .npz to other suffixes
-        np.savez(f, indices=np.concatenate([tr.indices for tr in ds.tables]), offsets=offsets, lengths=lengths)
+    blocked = next((d for d in path.parents if d.exists() and not d.is_dir()), None)
+    if blocked is not None:
+        raise WorkloadError(f"cannot write {path}: {blocked} is a file, not a directory; choose another output path")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.suffix == ".txt":
+            np.savetxt(path, ds.tables[0].indices, fmt="%d")
+            return path
+        lengths = np.stack([tr.lengths() for tr in ds.tables])
+        offsets = np.concatenate([[0], np.cumsum(lengths.reshape(-1))])
+        with path.open("wb") as f:   # a file object keeps numpy from appending .npz to other suffixes
+            np.savez(f, indices=np.concatenate([tr.indices for tr in ds.tables]), offsets=offsets, lengths=lengths)
+    except OSError as e:
+        raise WorkloadError(f"cannot write {path}: {e.strerror or e}; choose another output path") from None
     return path

@@ -1,0 +1,87 @@
+"""Run stage, process hygiene: child processes that die with the process that started them.
+
+A bench worker or an ncu process left running after its supervisor was killed keeps
+measuring into the run directory (and on a GPU would time the device beside a resumed
+run). Two independent mechanisms end such an orphan:
+
+* the kernel's parent-death signal (Linux `prctl(PR_SET_PDEATHSIG)`, through ctypes on
+  libc), set in the child, so the kernel kills it the moment its parent exits, even
+  when the parent was SIGKILLed; and
+* a pipe watchdog: the supervisor holds the write end of the child's stdin and never
+  writes; when the supervisor is gone the pipe reads end-of-file and a thread in the
+  child exits the process. This also works where prctl does not (other systems).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import threading
+from typing import Callable
+
+PR_SET_PDEATHSIG = 1
+#: exit status of a child that found its supervisor gone (nobody reads it; for logs and tests)
+EXIT_ORPHANED = 70
+
+
+def _prctl() -> Callable[..., int] | None:
+    """libc's prctl, or None off Linux or when libc cannot be loaded."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def die_with_parent(sig: int = signal.SIGKILL, parent: int | None = None) -> bool:
+    """Have the kernel send `sig` to this process when its parent exits. If the parent
+    is already gone (the child was reparented before this ran) the process exits at
+    once. Returns whether the parent-death signal is in place."""
+    prctl = _prctl()
+    armed = prctl is not None and prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+    if parent is not None and os.getppid() != parent:
+        os._exit(EXIT_ORPHANED)
+    return armed
+
+
+def parent_death_preexec(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
+    """A `preexec_fn` for subprocess.Popen that arms the parent-death signal in the child
+    before it execs (for programs we do not write, such as ncu). prctl is looked up here,
+    in the parent, so the forked child only makes the system call."""
+    prctl = _prctl()
+    if prctl is None:
+        return None
+    parent = os.getpid()
+
+    def arm() -> None:
+        prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        if os.getppid() != parent:  # the parent died between fork and prctl
+            os._exit(EXIT_ORPHANED)
+
+    return arm
+
+
+def watch_pipe(fd: int = 0, on_close: Callable[[], None] | None = None) -> threading.Thread:
+    """Start a daemon thread that waits for end-of-file on `fd` (the read end of a pipe
+    whose write end the parent holds) and then ends the process: the parent closed it
+    or died."""
+
+    def watch() -> None:
+        try:
+            while os.read(fd, 4096):
+                pass
+        except OSError:
+            pass
+        if on_close is not None:
+            on_close()
+        os._exit(EXIT_ORPHANED)
+
+    thread = threading.Thread(target=watch, name="parent-watchdog", daemon=True)
+    thread.start()
+    return thread
