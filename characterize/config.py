@@ -11,22 +11,27 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 import sys
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
 import numpy as np
 
-from characterize.errors import ConfigError, GpuMemoryError
+from characterize.errors import ConfigError, GpuMemoryError, MemoryBudgetError
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
 
-DTYPE_BYTES = {"fp32": 4}
+#: bytes per table element; int8 rows are row-wise quantized and also carry their scale
+#: and bias (fp32: 8 bytes; int8h: fp16, 4 bytes) after the values, as FBGEMM stores them
+DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1, "int8h": 1}
+DTYPE_ROW_EXTRA_BYTES = {"int8": 8, "int8h": 4}
 MODES = ("sum", "mean")
 INDEX_BYTES = 8  # int64 indices and offsets, as torch uses by default
 
@@ -114,7 +119,8 @@ class WorkloadConfig:
     # ------------------------------------------------------------- derived sizes
     @property
     def row_bytes(self) -> int:
-        return self.D * DTYPE_BYTES.get(self.dtype, 4)
+        """Bytes one lookup reads: D elements plus an int8 row's scale and bias."""
+        return self.D * DTYPE_BYTES.get(self.dtype, 4) + DTYPE_ROW_EXTRA_BYTES.get(self.dtype, 0)
 
     @property
     def table_bytes(self) -> int:
@@ -143,7 +149,8 @@ class WorkloadConfig:
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
         if self.dtype not in DTYPE_BYTES:
-            raise ConfigError(f"dtype {self.dtype!r} is not supported yet; use one of {', '.join(DTYPE_BYTES)}")
+            raise ConfigError(f"dtype {self.dtype!r} is not supported; use one of {', '.join(DTYPE_BYTES)} "
+                              "(int8: row-wise with fp32 scale and bias; int8h: with fp16 scale and bias)")
         if self.mode not in MODES:
             raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         self.L.validate()
@@ -153,8 +160,8 @@ class WorkloadConfig:
             need = self.device_bytes()
             if need > gpu.memory_bytes:
                 raise GpuMemoryError(
-                    f"the workload needs about {need / 2**30:.1f} GiB of GPU memory (T={self.T} tables of "
-                    f"{self.table_bytes / 2**30:.2f} GiB plus traces) but {gpu.name} has "
+                    f"the workload needs about {need / 2**30:,.1f} GiB of GPU memory (T={self.T:,} tables of "
+                    f"{self.table_bytes / 2**30:,.2f} GiB plus traces) but {gpu.name} has "
                     f"{gpu.memory_bytes / 2**30:.1f} GiB; lower T, E, batches or B")
         return self
 
@@ -168,11 +175,14 @@ class WorkloadConfig:
         return d
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "WorkloadConfig":
+    def from_dict(cls, data: dict[str, Any], source: str = "") -> "WorkloadConfig":
         known = {f.name for f in dataclasses.fields(cls)}
+        if not isinstance(data, dict):
+            raise ConfigError(f"{source or 'experiment'}: workload must be a table ([workload]), got {data!r}")
         unknown = set(data) - known
         if unknown:
             raise ConfigError(f"unknown workload field(s): {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
+        _check_types(cls, data, source, "workload")
         return cls(**data)
 
     @classmethod
@@ -236,6 +246,48 @@ class ProfileConfig:
 
 
 @dataclass(frozen=True)
+class DlrmConfig:
+    """The DLRM around the embedding stage, in DLRM's own notation: the bottom MLP
+    lists its input (dense features) and layer widths, whose last must equal D; the
+    top MLP lists its layer widths (its input is the dot interaction's output). The
+    defaults are the MICRO 2024 paper's model."""
+
+    bottom: tuple[int, ...] = (256, 128, 128)   # dense features -> ... -> D
+    top: tuple[int, ...] = (128, 64, 1)         # interaction output -> ... -> 1 (click probability)
+    interaction: str = "dot"                    # pairwise dot products of the T + 1 feature vectors
+
+    def validate(self, D: int) -> "DlrmConfig":
+        for name in ("bottom", "top"):
+            dims = getattr(self, name)
+            if len(dims) < 2 - (name == "top") or any(isinstance(d, bool) or not isinstance(d, int) or d <= 0
+                                                    for d in dims):
+                raise ConfigError(f"dlrm.{name} must list positive layer widths, got {list(dims)!r}")
+        if self.bottom[-1] != D:
+            raise ConfigError(f"the bottom MLP must end at the embedding dimension D={D}, got {self.bottom[-1]}")
+        if self.interaction != "dot":
+            raise ConfigError(f"dlrm.interaction {self.interaction!r} is not supported; use 'dot'")
+        return self
+
+    def interaction_width(self, T: int, D: int) -> int:
+        """Top-MLP input: the dense vector plus one dot product per pair of the T + 1 vectors."""
+        return D + (T + 1) * T // 2
+
+    @classmethod
+    def for_dim(cls, D: int) -> "DlrmConfig":
+        """The paper's model with its bottom MLP ending at D (the paper's D is 128)."""
+        paper = cls()
+        return cls(bottom=(*paper.bottom[:-1], D))
+
+    @staticmethod
+    def parse_dims(text: str) -> tuple[int, ...]:
+        """'256-128-128' -> (256, 128, 128), as DLRM's --arch-mlp options spell them."""
+        try:
+            return tuple(int(x) for x in text.split("-"))
+        except ValueError:
+            raise ConfigError(f"bad MLP shape {text!r}: use widths joined by '-', e.g. 256-128-128") from None
+
+
+@dataclass(frozen=True)
 class ExperimentConfig:
     """Everything one `characterize run` does: workload x datasets x variants x archs."""
 
@@ -279,10 +331,11 @@ class ExperimentConfig:
         unknown = set(data) - known
         if unknown:
             raise ConfigError(f"{source or 'experiment'}: unknown field(s) {', '.join(sorted(unknown))}")
+        _check_types(cls, data, source, "")
         kwargs: dict[str, Any] = {}
         for key, value in data.items():
             if key == "workload":
-                value = WorkloadConfig.from_dict(value)
+                value = WorkloadConfig.from_dict(value, source)
             elif key == "bench":
                 value = _sub(BenchConfig, value, source)
             elif key == "profile":
@@ -299,8 +352,62 @@ def _sub(cls: type, value: dict[str, Any], source: str) -> Any:
     unknown = set(value) - known
     if unknown:
         raise ConfigError(f"{source}: unknown {cls.__name__} field(s) {', '.join(sorted(unknown))}")
+    _check_types(cls, value, source, cls.__name__.removesuffix("Config").lower())
     value = {k: tuple(v) if isinstance(v, list) else v for k, v in value.items()}
     return cls(**value)
+
+
+def _type_ok(value: Any, hint: Any) -> bool:
+    """Whether a TOML/JSON value can stand for a field of type `hint` (bools are not numbers)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return True
+    if hint is int:
+        return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    if hint is Pooling:
+        return isinstance(value, (str, Pooling)) or _type_ok(value, int)
+    if origin is tuple:
+        return isinstance(value, (list, tuple)) and all(_type_ok(v, args[0]) for v in value)
+    if origin is dict:
+        return isinstance(value, dict) and all(_type_ok(k, args[0]) and _type_ok(v, args[1]) for k, v in value.items())
+    if dataclasses.is_dataclass(hint):
+        return isinstance(value, (dict, hint))
+    return True
+
+
+def _describe(hint: Any) -> str:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Pooling:
+        return "an integer or a string such as \"uniform:0:20\""
+    if origin is tuple:
+        return f"a list of {_describe(args[0]).removeprefix('an ').removeprefix('a ')}s"
+    if origin is dict:
+        return "a table"
+    if dataclasses.is_dataclass(hint):
+        return "a table"
+    return {int: "an integer", float: "a number", str: "a string"}.get(hint, str(hint))
+
+
+def _check_types(cls: type, values: dict[str, Any], source: str, section: str) -> None:
+    """ConfigError naming the field, the value and the expected type, so a quoted number
+    or a list where a scalar belongs is one line, not a TypeError deep in validate()."""
+    hints = typing.get_type_hints(cls)
+    for key, value in values.items():
+        hint = hints.get(key)
+        if hint is None or _type_ok(value, hint):
+            continue
+        where = f"{source}: " if source else ""
+        name = f"{section}.{key}" if section else key
+        tip = ""
+        if isinstance(value, str) and re.fullmatch(r"[+-]?\d+(\.\d*)?", value.strip()):
+            tip = "; write the number without quotes"
+        elif isinstance(value, list) and any(isinstance(v, str) for v in value) and hint is not str:
+            tip = "; write the numbers without quotes"
+        raise ConfigError(f"{where}{name} must be {_describe(hint)}, got {value!r}{tip}")
 
 
 def parse_param_overrides(items: Iterable[str]) -> dict[str, dict[str, int]]:
@@ -332,10 +439,104 @@ def read_experiment(name_or_path: str | None = None) -> ExperimentConfig:
         available = sorted(p.stem for p in experiments_dir().glob("*.toml"))
         raise ConfigError(f"no experiment {target!r} (looked for {path}); available: {', '.join(available) or 'none'}")
     try:
-        data = tomllib.loads(path.read_text())
+        raw = path.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot be read ({e.strerror or e})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}); "
+                          "save the experiment file as UTF-8") from None
+    try:
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+        raise ConfigError(f"{path}: not valid TOML: {str(e).splitlines()[0]}") from None
+    if not data:
+        raise ConfigError(f"{path}: the experiment file is empty; give at least a name and what to change "
+                          f"(see {experiments_dir() / 'quick.toml'}), or run the shipped 'paper' experiment by name")
+    # an unnamed file is named after itself, never silently after the shipped 'paper' experiment
+    data.setdefault("name", path.stem)
     try:
         return ExperimentConfig.from_dict(data, source=str(path))
     except TypeError as e:
         raise ConfigError(f"{path}: {e}") from None
+
+
+# ------------------------------------------------------------ host memory
+#: environment variable overriding the host-memory budget: bytes ("8G", "512MiB", "2e9") or a share ("50%")
+MEMORY_BUDGET_ENV = "CHARACTERIZE_MEMORY_BUDGET"
+#: share of the available memory (MemAvailable, or the cgroup's headroom) the toolkit may use by default
+DEFAULT_MEMORY_SHARE = 0.6
+
+_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 2**10, "m": 1e6, "mb": 1e6, "mib": 2**20, "g": 1e9,
+          "gb": 1e9, "gib": 2**30, "t": 1e12, "tb": 1e12, "tib": 2**40}
+
+
+def format_bytes(n: float) -> str:
+    """2.5e9 -> '2.3 GiB' (binary units, what `free -h` shows)."""
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:,.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def available_memory() -> int | None:
+    """Bytes this process can still allocate without swapping: MemAvailable, capped by
+    a cgroup v2 memory limit when one is set (containers, CI runners); None if unknown."""
+    avail: int | None = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                avail = int(line.split()[1]) * 1024
+                break
+    except (OSError, ValueError, IndexError):
+        pass
+    if avail is None:
+        try:
+            avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            return None
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            used = int(Path("/sys/fs/cgroup/memory.current").read_text().strip())
+            avail = min(avail, max(0, int(limit) - used))
+    except (OSError, ValueError):
+        pass
+    return avail
+
+
+def parse_memory(text: str) -> tuple[float | None, float | None]:
+    """'8G' -> (8e9, None); '40%' -> (None, 0.4). ConfigError for anything else."""
+    t = str(text).strip().lower().replace(" ", "")
+    m = re.fullmatch(r"(\d+(?:\.\d*)?)%", t)
+    if m and 0 < float(m.group(1)) <= 100:
+        return None, float(m.group(1)) / 100
+    m = re.fullmatch(r"(\d+(?:\.\d*)?(?:e\d+)?)([a-z]*)", t)
+    if m and m.group(2) in _UNITS and float(m.group(1)) > 0:
+        return float(m.group(1)) * _UNITS[m.group(2)], None
+    raise ConfigError(f"bad memory budget {text!r}: use bytes with a unit (8G, 512MiB, 2e9) or a share of the "
+                      "available memory (50%)")
+
+
+def memory_budget() -> tuple[int, str]:
+    """(bytes, where the number comes from): $CHARACTERIZE_MEMORY_BUDGET, else a share of
+    the available memory. Read on every call, so a budget set by the CLI reaches workers."""
+    env = os.environ.get(MEMORY_BUDGET_ENV, "").strip()
+    absolute, share = parse_memory(env) if env else (None, DEFAULT_MEMORY_SHARE)
+    if absolute is not None:
+        return int(absolute), f"{MEMORY_BUDGET_ENV}={env}"
+    avail = available_memory()
+    if avail is None:
+        return 2**62, "no limit: the available memory is unknown"
+    return int(avail * share), f"{share:.0%} of the {format_bytes(avail)} available"
+
+
+def check_memory(need: float, what: str, hint: str) -> None:
+    """Refuse work whose estimated host memory `need` exceeds the budget, before allocating
+    it: a clear error instead of swapping for minutes or a MemoryError traceback."""
+    budget, how = memory_budget()
+    if need > budget:
+        raise MemoryBudgetError(f"{what} would need about {format_bytes(need)} of memory, more than the budget of "
+                                f"{format_bytes(budget)} ({how}); {hint}, or set {MEMORY_BUDGET_ENV} "
+                                "(e.g. 32G) or --memory-budget to allow more")

@@ -28,19 +28,22 @@ def _counts(counts: dict[Any, int], suffix: str = "") -> str:
 @click.option("--variants", default=None, help="comma-separated variants [all compiled ones]")
 @click.option("--D", "D", type=int, default=128, show_default=True, help="embedding dimension (picks the warp kernel)")
 @click.option("--param", "params", multiple=True, metavar="VARIANT.NAME=VALUE", help="variant parameter, e.g. rpf.P=4")
+@click.option("--dtype", default="fp32", show_default=True,
+              help="table element type: fp32, fp16, bf16, int8 (fp32 scale/bias) or int8h (fp16 scale/bias)")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-def sass(archs: str, variants: str | None, D: int, params: tuple[str, ...], as_json: bool) -> None:
+def sass(archs: str, variants: str | None, D: int, params: tuple[str, ...], dtype: str, as_json: bool) -> None:
     """Disassemble each variant's hot loop: loads by kind and width, spills, shuffles,
     L2 prefetches and the rows each warp keeps in flight (in-order replay)."""
     from characterize.hardware import parse_archs
-    from characterize.kernels.sass import MEMORY_LATENCY, analyze_variants, find_cuobjdump
+    from characterize.kernels.sass import MEMORY_LATENCY, find_cuobjdump
+    from characterize.kernels.static import analyze_variants
 
     arch_list = parse_archs(archs)
     start = time.perf_counter()
     if not as_json:
         tool = find_cuobjdump()
         echo_err(f"building (cached builds are reused) and disassembling with {tool.path} ({tool.version}) ...")
-    rows = analyze_variants(csv_list(variants), arch_list, D=D, params=parse_param_overrides(params))
+    rows = analyze_variants(csv_list(variants), arch_list, D=D, params=parse_param_overrides(params), dtype=dtype)
     if as_json:
         click.echo(json.dumps([r.to_dict() for r in rows], indent=2))
         return
@@ -50,7 +53,7 @@ def sass(archs: str, variants: str | None, D: int, params: tuple[str, ...], as_j
         d["load_bits"] = _counts(r.load_bits, "b")
         d["prefetches"] = _counts(r.prefetches)
         table.append(d)
-    print_rows(table, ["variant", "arch", "maxrregcount", "role", "kernel", "loop", "registers", "instructions",
+    print_rows(table, ["variant", "dtype", "arch", "maxrregcount", "role", "kernel", "loop", "registers", "instructions",
                        "lookups_per_iteration", "row_loads", "index_loads", "load_bits", "local_mem_ops", "shuffles",
                        "prefetches", "latencies_per_iteration", "rows_in_flight", "bytes_in_flight_per_warp"])
     click.echo(f"\nrows in flight per warp = row loads / memory latencies serialized per iteration "

@@ -53,27 +53,28 @@ def devices(as_json: bool) -> None:
 @click.option("--maxrregcount", "caps", default=None, help="register sweep caps, e.g. 32,40,42,48,64")
 @click.option("--D", "D", type=int, default=128, show_default=True, help="embedding dimension (picks the warp kernel)")
 @click.option("--param", "params", multiple=True, metavar="VARIANT.NAME=VALUE", help="variant parameter, e.g. rpf.P=4")
+@click.option("--dtype", default="fp32", show_default=True,
+              help="table element type: fp32, fp16, bf16, int8 (fp32 scale/bias) or int8h (fp16 scale/bias)")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-def build(archs: str, variants: str | None, caps: str | None, D: int, params: tuple[str, ...], as_json: bool) -> None:
+def build(archs: str, variants: str | None, caps: str | None, D: int, params: tuple[str, ...], dtype: str,
+          as_json: bool) -> None:
     """Compile every variant per architecture; registers, spills and theoretical occupancy."""
     from characterize.hardware import parse_archs
-    from characterize.kernels.static import (
-        default_register_cap,
-        static_characterization,
-    )
+    from characterize.kernels.static import static_characterization
 
     arch_list = parse_archs(archs)
     cap_list = [int(c) for c in csv_list(caps) or []]
     start = time.perf_counter()
     if not as_json:
-        echo_err(f"compiling the kernel family for {', '.join(arch_list)} (cached builds are reused) ...")
-    rows = static_characterization(csv_list(variants), arch_list, cap_list, D=D, params=parse_param_overrides(params))
+        echo_err(f"compiling the kernel family ({dtype}) for {', '.join(arch_list)} (cached builds are reused) ...")
+    rows = static_characterization(csv_list(variants), arch_list, cap_list, D=D, params=parse_param_overrides(params),
+                                   dtype=dtype)
     elapsed = time.perf_counter() - start
     if as_json:
         click.echo(json.dumps([r.to_dict() for r in rows], indent=2))
         return
     configured = [r.to_dict() for r in rows if not r.sweep]
-    cols = ["variant", "arch", "maxrregcount", "role", "kernel", "registers", "spill_stores", "spill_loads",
+    cols = ["variant", "dtype", "arch", "maxrregcount", "role", "kernel", "registers", "spill_stores", "spill_loads",
             "stack_frame", "block_size", "blocks_per_sm", "theoretical_occupancy_pct", "limiter"]
     print_rows(configured, cols)
     sweep = [r.to_dict() for r in rows if r.sweep and r.variant in ("base", "rpf", "warp")]
@@ -81,8 +82,11 @@ def build(archs: str, variants: str | None, caps: str | None, D: int, params: tu
         click.echo("\nregister sweep (lookup kernels):")
         print_rows(sweep, ["variant", "arch", "maxrregcount", "registers", "spill_stores", "spill_loads",
                            "blocks_per_sm", "theoretical_occupancy_pct", "limiter"])
-    caps_used = ", ".join(f"{a}: {default_register_cap(a)}" for a in arch_list)
-    click.echo(f"\ndefault register cap (optmt/rpf/combined) {caps_used}; compiler: {rows[0].compiler if rows else '-'}")
+    capped = {(r.variant, r.arch): r.maxrregcount for r in rows if not r.sweep and r.role == "lookup"
+              and r.maxrregcount is not None}
+    caps_used = ", ".join(f"{v} {a}: {c}" for (v, a), c in capped.items()) or "-"
+    click.echo(f"\nregister caps of the capped variants (chosen per kernel unless given): {caps_used}; "
+               f"compiler: {rows[0].compiler if rows else '-'}")
     echo_err(f"done in {elapsed:.1f} s")
 
 
@@ -94,13 +98,17 @@ def build(archs: str, variants: str | None, caps: str | None, D: int, params: tu
               help="cuda runs on the GPU; emulate runs the same source on the CPU")
 @click.option("--paper-shape", is_flag=True, help="check at the paper's shape instead of the tiny odd one")
 @click.option("--param", "params", multiple=True, metavar="VARIANT.NAME=VALUE")
+@click.option("--dtypes", default=None,
+              help="table element types to check, comma-separated, or 'all' (fp32, fp16, bf16, int8 with fp32 "
+                   "scale/bias, int8h with fp16 scale/bias) [the workload's dtype]")
 @workload_options
 @click.option("--json", "as_json", is_flag=True)
 def check(variants: str | None, datasets: str, backend: str, paper_shape: bool, params: tuple[str, ...],
-          as_json: bool, **wl: Any) -> None:
+          dtypes: str | None, as_json: bool, **wl: Any) -> None:
     """Check every variant against torch.nn.functional.embedding_bag."""
     from characterize.kernels.check import check_variants
     from characterize.kernels.library import default_backend
+    from characterize.kernels.registry import DTYPES
 
     base = WorkloadConfig(batches=1) if paper_shape else WorkloadConfig.tiny()
     config = workload_from(base, **wl)
@@ -109,11 +117,12 @@ def check(variants: str | None, datasets: str, backend: str, paper_shape: bool, 
     if not as_json:
         echo_err(f"checking on backend {chosen} (B={config.B} D={config.D} E={config.E} L={config.L}) ...")
     results = check_variants(csv_list(variants), csv_list(datasets) or [], config, modes, chosen,
-                             parse_param_overrides(params), progress=None if as_json else echo_err)
+                             parse_param_overrides(params), progress=None if as_json else echo_err,
+                             dtypes=list(DTYPES) if dtypes == "all" else csv_list(dtypes))
     if as_json:
         click.echo(json.dumps([r.to_dict() for r in results], indent=2))
     else:
-        print_rows([r.to_dict() for r in results], ["variant", "dataset", "mode", "backend", "max_abs_err",
+        print_rows([r.to_dict() for r in results], ["variant", "dtype", "dataset", "mode", "backend", "max_abs_err",
                                                      "tolerance", "offset2bag_ok", "bag_size_ok", "passed", "error"])
     failed = [r for r in results if r.passed is False]
     ran = [r for r in results if r.passed is not None]

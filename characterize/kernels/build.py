@@ -30,6 +30,9 @@ from characterize.errors import BuildError, ToolchainNotFound
 from characterize.hardware import REFERENCE_ARCH
 
 SOURCE = "embedding_bag.cu"
+#: the table element types the kernels read, as CHZ_DTYPE codes (chz_compat.cuh): int8 is
+#: row-wise quantized with an fp32 scale and bias after the values, int8h with fp16 ones
+DTYPE_CODES = {"fp32": 0, "fp16": 1, "bf16": 2, "int8": 3, "int8h": 4}
 CACHE_FORMAT = 1
 
 
@@ -131,31 +134,35 @@ class BuildSpec:
     target: str = "cuda"            # cuda | emulate
     arch: str | None = REFERENCE_ARCH  # SM architecture for cuda builds
     maxrregcount: int | None = None  # register cap (cuda builds only)
+    dtype: str = "fp32"             # table element type: one library per dtype (DTYPE_CODES)
 
     def __post_init__(self) -> None:
         if self.target not in ("cuda", "emulate"):
             raise BuildError(f"unknown build target {self.target!r}")
+        if self.dtype not in DTYPE_CODES:
+            raise BuildError(f"unknown dtype {self.dtype!r}; the kernels read {', '.join(DTYPE_CODES)}")
         if self.target == "emulate":
             object.__setattr__(self, "arch", None)
             object.__setattr__(self, "maxrregcount", None)
 
     def label(self) -> str:
+        dtype = "" if self.dtype == "fp32" else f" {self.dtype}"
         if self.target == "emulate":
-            return "cpu-emulation"
-        return f"{self.arch}" + (f" maxrregcount={self.maxrregcount}" if self.maxrregcount else "")
+            return "cpu-emulation" + dtype
+        return f"{self.arch}" + (f" maxrregcount={self.maxrregcount}" if self.maxrregcount else "") + dtype
 
     def command(self, compiler: Path, output: Path) -> list[str]:
         """The exact compiler command line."""
         src = kernels_dir() / SOURCE
         if self.target == "emulate":
             return [str(compiler), "-O2", "-std=c++17", "-shared", "-fPIC", "-x", "c++", "-DCHZ_EMULATE",
-                    f"-I{kernels_dir()}", "-o", str(output), str(src)]
+                    f"-DCHZ_DTYPE={DTYPE_CODES[self.dtype]}", f"-I{kernels_dir()}", "-o", str(output), str(src)]
         cc = self.arch.removeprefix("sm_")
         cmd = [str(compiler), "-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "-cudart", "static",
                "-gencode", f"arch=compute_{cc},code=[sm_{cc},compute_{cc}]", "-Xptxas", "-v", "-lineinfo"]
         if self.maxrregcount:
             cmd += ["-maxrregcount", str(self.maxrregcount)]
-        return cmd + [f"-I{kernels_dir()}", "-o", str(output), str(src)]
+        return cmd + [f"-DCHZ_DTYPE={DTYPE_CODES[self.dtype]}", f"-I{kernels_dir()}", "-o", str(output), str(src)]
 
 
 @dataclass(frozen=True)
@@ -286,6 +293,29 @@ def _toolchain_for(spec: BuildSpec) -> Toolchain:
     return find_host_compiler() if spec.target == "emulate" else find_nvcc()
 
 
+_TMP_DIR = re.compile(r"^\.[0-9a-f]{20}-(?:(\d+)-)?")
+
+
+def _remove_litter(directory: Path) -> None:
+    """Temporary build folders of processes that are gone (killed mid-build): named
+    .<key>-<pid>-..., removed once that pid no longer runs (older unnamed ones after a day)."""
+    for d in directory.glob(".*-*"):
+        m = _TMP_DIR.match(d.name)
+        if m is None:
+            continue
+        try:
+            if m.group(1):
+                os.kill(int(m.group(1)), 0)
+                continue  # its builder still runs
+            if time.time() - d.stat().st_mtime < 86400:
+                continue
+        except ProcessLookupError:
+            pass
+        except OSError:  # PermissionError: another user's live process; or it vanished meanwhile
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def build(spec: BuildSpec, *, force: bool = False) -> BuildResult:
     """Compile (or fetch from the cache) the kernel family for `spec`."""
     if not (kernels_dir() / SOURCE).is_file():
@@ -303,7 +333,8 @@ def build(spec: BuildSpec, *, force: bool = False) -> BuildResult:
         except (OSError, ValueError, KeyError):
             pass  # a damaged cache entry is rebuilt
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=final.parent))
+    _remove_litter(final.parent)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{key}-{os.getpid()}-", dir=final.parent))
     try:
         cmd = spec.command(tool.path, tmp / "libchz.so")
         start = time.perf_counter()

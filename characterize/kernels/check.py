@@ -1,9 +1,10 @@
 """Check stage: every variant against torch.nn.functional.embedding_bag.
 
 Runs each variant (the CUDA build on a GPU, the CPU-emulation build otherwise) on
-generated traces and compares the pooled output with torch computed in float64, and
-offset2bag / bag sizes with their definition. The deliberately wrong variant must
-fail here, which proves the checker can.
+generated traces and compares the pooled output with torch computed in float64 from the
+dequantized table (what the kernel reads, widened), and offset2bag / bag sizes with their
+definition, for every table dtype. The deliberately wrong variant must fail here, which
+proves the checker can.
 """
 
 from __future__ import annotations
@@ -16,8 +17,39 @@ import torch
 
 from characterize.config import WorkloadConfig
 from characterize.errors import CharacterizeError, UnsupportedShape
-from characterize.kernels.library import default_backend, run_variant
-from characterize.kernels.registry import VARIANTS, get_variant
+from characterize.kernels.library import (
+    TORCH_DTYPES,
+    Table,
+    default_backend,
+    dequantize,
+    quantize_rowwise,
+    run_variant,
+    table_dtype,
+)
+from characterize.kernels.registry import DTYPES, VARIANTS, get_variant
+
+#: Tolerance per dtype, relative to (longest bag x largest |value|), plus 1e-6 absolute.
+#: The reference is computed from the same dequantized values the kernels read, so what
+#: is left is fp32 accumulation (1e-5, every dtype, every kernel of ours) and, for torch's
+#: own kernel, which returns the table's dtype, the rounding of that output.
+ACCUMULATION_TOLERANCE = 1e-5
+OUTPUT_ROUNDING = {"fp32": 0.0, "fp16": 2.0**-10, "bf16": 2.0**-7, "int8": 0.0, "int8h": 0.0}
+
+
+def tolerance(dtype: str, variant: str, longest_bag: int, largest: float) -> float:
+    """The absolute error a correct variant stays within (see OUTPUT_ROUNDING)."""
+    rel = ACCUMULATION_TOLERANCE + (OUTPUT_ROUNDING[dtype] if variant == "torch" else 0.0)
+    return rel * max(1, longest_bag) * largest + 1e-6
+
+
+def make_table(dtype: str, E: int, D: int, seed: int = 0, row_align: int = 16) -> Table:
+    """A random N(0, 1) table of `dtype`: int8 tables quantized row-wise (rows padded to
+    `row_align` bytes, 16 as FBGEMM's TBE pads them, so the warp kernel can read them)."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(E, D, generator=g, dtype=torch.float32)
+    if dtype in TORCH_DTYPES:
+        return w.to(TORCH_DTYPES[dtype])
+    return quantize_rowwise(w, dtype, row_align)
 from characterize.workloads.presets import HOTNESS_ORDER
 from characterize.workloads.traces import generate
 
@@ -35,6 +67,7 @@ class CheckResult:
     bag_size_ok: bool | None
     passed: bool | None   # None: skipped (the variant refuses this shape by design)
     error: str = ""
+    dtype: str = "fp32"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -52,22 +85,26 @@ def expected_bags(offsets: np.ndarray, n: int, indices: np.ndarray, padding_idx:
     return offset2bag, sizes
 
 
-def check_one(variant: str, weight: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor, *, mode: str = "sum",
+def check_one(variant: str, weight: Table, indices: torch.Tensor, offsets: torch.Tensor, *, mode: str = "sum",
               padding_idx: int | None = None, params: dict | None = None, backend: str | None = None,
               dataset: str = "", gpu=None) -> CheckResult:
-    """Run one variant on one batch and compare with torch (float64 on the CPU)."""
+    """Run one variant on one batch and compare with torch (float64 on the CPU, from the
+    dequantized table)."""
     backend = backend or default_backend()
     device = "cuda" if backend == "cuda" else "cpu"
     B, D, E = offsets.shape[0], weight.shape[1], weight.shape[0]
     lengths = np.diff(np.append(offsets.numpy(), indices.shape[0]))
     shape = f"B={B} D={D} E={E} Lmax={int(lengths.max(initial=0))}"
-    ref = torch.nn.functional.embedding_bag(indices, weight.double(), offsets, mode=mode, padding_idx=padding_idx)
-    tol = 1e-5 * max(1, int(lengths.max(initial=1))) * float(weight.abs().max()) + 1e-6
+    dtype = table_dtype(weight)
+    wide = dequantize(weight).double()
+    ref = torch.nn.functional.embedding_bag(indices, wide, offsets, mode=mode, padding_idx=padding_idx)
+    tol = tolerance(dtype, variant, int(lengths.max(initial=1)), float(wide.abs().max()))
     try:
         out = run_variant(variant, weight.to(device).clone(), indices.to(device), offsets.to(device), mode=mode,
                           padding_idx=padding_idx, params=params, backend=backend, gpu=gpu)
     except CharacterizeError as e:
-        return CheckResult(variant, dataset, mode, shape, backend, float("nan"), tol, None, None, False, str(e))
+        return CheckResult(variant, dataset, mode, shape, backend, float("nan"), tol, None, None, False, str(e),
+                           dtype)
     err = float((out.output.double().cpu() - ref).abs().max()) if B else 0.0
     o2b_ok = size_ok = None
     if out.offset2bag.numel() or out.bag_size.numel():
@@ -76,35 +113,41 @@ def check_one(variant: str, weight: torch.Tensor, indices: torch.Tensor, offsets
         o2b_ok = bool(np.array_equal(out.offset2bag.cpu().numpy(), exp_o2b))
         size_ok = bool(np.array_equal(out.bag_size.cpu().numpy(), exp_size))
     passed = err <= tol and o2b_ok is not False and size_ok is not False
-    return CheckResult(variant, dataset, mode, shape, backend, err, tol, o2b_ok, size_ok, passed)
+    return CheckResult(variant, dataset, mode, shape, backend, err, tol, o2b_ok, size_ok, passed, "", dtype)
 
 
 def check_variants(variants: Iterable[str] | None = None, datasets: Iterable[str] = HOTNESS_ORDER,
                    config: WorkloadConfig | None = None, modes: Iterable[str] = ("sum", "mean"),
                    backend: str | None = None, params: dict[str, dict] | None = None,
-                   progress: Callable[[str], None] | None = None) -> list[CheckResult]:
-    """Check every variant x dataset x mode on the first batch of table 0."""
+                   progress: Callable[[str], None] | None = None,
+                   dtypes: Iterable[str] | None = None) -> list[CheckResult]:
+    """Check every variant x dtype x dataset x mode on the first batch of table 0
+    (dtypes: the config's, or the given ones)."""
     config = config or WorkloadConfig.tiny()
     names = list(variants) if variants is not None else [n for n, v in VARIANTS.items() if not v.test_only]
     params = params or {}
     results = []
-    g = torch.Generator().manual_seed(config.seed)
-    weight = torch.randn(config.E, config.D, generator=g, dtype=torch.float32)
+    kinds = list(dtypes) if dtypes is not None else [config.dtype]
+    for bad in set(kinds) - set(DTYPES):
+        get_variant("base").check_dtype(bad)
+    tables = {dt: make_table(dt, config.E, config.D, config.seed) for dt in kinds}
     for ds_name in datasets:
         ds = generate(ds_name, config, tables=[0])
         idx_np, off_np = ds.tables[0].batch(0)
         idx, off = torch.from_numpy(idx_np.copy()), torch.from_numpy(off_np.copy())
-        for mode in modes:
-            for name in names:
-                try:
-                    get_variant(name).check_shape(config.D)
-                except UnsupportedShape as e:
-                    results.append(CheckResult(name, ds_name, mode, f"D={config.D}", backend or default_backend(),
-                                               float("nan"), float("nan"), None, None, None, f"skipped: {e}"))
-                    continue
-                r = check_one(name, weight, idx, off, mode=mode, params=params.get(name), backend=backend,
-                              dataset=ds_name)
-                if progress:
-                    progress(f"{name:9s} {ds_name:9s} {mode:4s} {'ok' if r.passed else 'FAIL'}")
-                results.append(r)
+        for dtype, weight in tables.items():
+            for mode in modes:
+                for name in names:
+                    try:
+                        get_variant(name).check_shape(config.D, dtype)
+                    except UnsupportedShape as e:
+                        results.append(CheckResult(name, ds_name, mode, f"D={config.D}", backend or default_backend(),
+                                                   float("nan"), float("nan"), None, None, None, f"skipped: {e}",
+                                                   dtype))
+                        continue
+                    r = check_one(name, weight, idx, off, mode=mode, params=params.get(name), backend=backend,
+                                  dataset=ds_name)
+                    if progress:
+                        progress(f"{name:9s} {dtype:5s} {ds_name:9s} {mode:4s} {'ok' if r.passed else 'FAIL'}")
+                    results.append(r)
     return results

@@ -23,8 +23,8 @@ from characterize.errors import (
     UnsupportedShape,
 )
 from characterize.hardware import REFERENCE_ARCH, devices, gpu_spec
-from characterize.kernels.build import BuildResult, BuildSpec, build
-from characterize.kernels.registry import Variant, get_variant
+from characterize.kernels.build import DTYPE_CODES, BuildResult, BuildSpec, build
+from characterize.kernels.registry import ELEMENT_BYTES, QPARAM_BYTES, Variant, check_dtype, get_variant
 from characterize.kernels.static import resolve_params
 
 
@@ -35,7 +35,7 @@ class BagArgs(ctypes.Structure):
         ("indices", ctypes.c_void_p), ("num_indices", ctypes.c_int64),
         ("offsets", ctypes.c_void_p), ("num_bags", ctypes.c_int64),
         ("output", ctypes.c_void_p), ("offset2bag", ctypes.c_void_p), ("bag_size", ctypes.c_void_p),
-        ("mode", ctypes.c_int32), ("_pad", ctypes.c_int32), ("padding_idx", ctypes.c_int64),
+        ("mode", ctypes.c_int32), ("dtype", ctypes.c_int32), ("padding_idx", ctypes.c_int64),
         ("weight_stride0", ctypes.c_int64), ("weight_stride1", ctypes.c_int64),
         ("per_sample_weights", ctypes.c_void_p), ("per_sample_weights_stride", ctypes.c_int64),
     ]
@@ -83,6 +83,7 @@ class KernelLibrary:
         L.chz_error_string.restype = ctypes.c_char_p
         L.chz_warp_group.argtypes = [ctypes.c_int64]
         L.chz_l2_reset.restype = ctypes.c_int
+        self.dtype = next(n for n, c in DTYPE_CODES.items() if c == L.chz_dtype())
         L.chz_kernel_info.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(ctypes.c_int),
                                       ctypes.POINTER(ctypes.c_int)]
         if self.emulated:
@@ -95,7 +96,7 @@ class KernelLibrary:
         if code == 0:
             return
         message = self.lib.chz_error_string(code).decode(errors="replace")
-        if code == 10002:
+        if code in (10002, 10004):
             raise UnsupportedShape(f"{what}: {message}")
         raise KernelLaunchError(f"{what} failed: {message} (code {code})")
 
@@ -141,6 +142,89 @@ def default_backend() -> str:
     return "cuda" if torch.cuda.is_available() else "emulate"
 
 
+# ---------------------------------------------------------------- precision
+#: torch element types of the unquantized dtypes
+TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class QuantizedTable:
+    """A row-wise int8 table as FBGEMM stores it: each row holds D uint8 values, then its
+    scale and bias (fp32 for dtype int8, fp16 for int8h), padded to the row stride;
+    value = q x scale + bias. The kernels read `data` ([E, row stride] uint8) directly."""
+
+    data: torch.Tensor
+    dim: int
+    dtype: str = "int8"
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.data.shape[0], self.dim)
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes a lookup reads (values + scale + bias), without the padding."""
+        return self.dim + QPARAM_BYTES[self.dtype]
+
+    def qparams(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(scale, bias) per row as fp32."""
+        raw = self.data[:, self.dim:self.dim + QPARAM_BYTES[self.dtype]].contiguous()
+        q = raw.view(torch.float32 if self.dtype == "int8" else torch.float16).float()
+        return q[:, 0], q[:, 1]
+
+    def to(self, device: Any) -> "QuantizedTable":
+        return QuantizedTable(self.data.to(device), self.dim, self.dtype)
+
+    def clone(self) -> "QuantizedTable":
+        return QuantizedTable(self.data.clone(), self.dim, self.dtype)
+
+
+Table = torch.Tensor | QuantizedTable
+
+
+def table_dtype(table: Table) -> str:
+    """The dtype name of a table (fp32, fp16, bf16, int8, int8h)."""
+    if isinstance(table, QuantizedTable):
+        return table.dtype
+    for name, dt in TORCH_DTYPES.items():
+        if table.dtype == dt:
+            return name
+    raise ConfigError(f"tables of {table.dtype} are not supported; use float32, float16, bfloat16 or "
+                      "quantize_rowwise() for int8")
+
+
+def quantize_rowwise(weight: torch.Tensor, dtype: str = "int8", row_align: int = 1) -> QuantizedTable:
+    """Quantize an fp32 table row by row to uint8 with a per-row scale and bias (the row's
+    min and (max - min) / 255), packed after the values; `row_align` pads each row to a
+    multiple of that many bytes (16 for the warp kernel's 16-byte loads, as FBGEMM's TBE pads)."""
+    if dtype not in ("int8", "int8h"):
+        raise ConfigError(f"quantize_rowwise makes int8 or int8h tables, not {dtype!r}")
+    if weight.dim() != 2 or row_align < 1:
+        raise ConfigError("quantize_rowwise needs a 2-D table and row_align >= 1")
+    w = weight.detach().float()
+    E, D = w.shape
+    lo, hi = w.min(dim=1).values, w.max(dim=1).values
+    scale = (hi - lo) / 255.0
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    qtype = torch.float32 if dtype == "int8" else torch.float16
+    scale, bias = scale.to(qtype), lo.to(qtype)   # quantize with the stored (rounded) qparams
+    q = torch.round((w - bias.float()[:, None]) / scale.float()[:, None]).clamp(0, 255).to(torch.uint8)
+    extra = QPARAM_BYTES[dtype]
+    stride = -(-(D + extra) // row_align) * row_align
+    data = torch.zeros(E, stride, dtype=torch.uint8, device=w.device)
+    data[:, :D] = q
+    data[:, D:D + extra] = torch.stack([scale, bias], dim=1).contiguous().view(torch.uint8)
+    return QuantizedTable(data, D, dtype)
+
+
+def dequantize(table: Table) -> torch.Tensor:
+    """The fp32 table a kernel reads: int8 rows as q x scale + bias, fp16/bf16 widened."""
+    if isinstance(table, QuantizedTable):
+        scale, bias = table.qparams()
+        return table.data[:, :table.dim].float() * scale[:, None] + bias[:, None]
+    return table.float()
+
+
 # ---------------------------------------------------------------- launching
 class BagOutputs(NamedTuple):
     output: torch.Tensor      # [B, D]
@@ -173,14 +257,16 @@ class TableKernel:
     hot_rows: torch.Tensor | None = None     # l2p/combined: rows to pin; l2w: the hot set
     mode: str = "sum"
     padding_idx: int | None = None
+    dtype: str = "fp32"                      # fp32 | fp16 | bf16 | int8 | int8h
+    dim: int = 0                             # D (0: the weight's columns; int8 rows are wider)
     _remap: torch.Tensor | None = field(default=None, repr=False)
     _order: torch.Tensor | None = field(default=None, repr=False)
     _saved: Any = field(default=None, repr=False)
     window: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        D = self.weight.shape[1]
-        self.variant.check_shape(D)
+        self.dim = self.dim or self.weight.shape[1]
+        self.variant.check_shape(self.dim, self.dtype)
         if self.variant.l2 == "window":
             self._reorder_table()
 
@@ -213,7 +299,7 @@ class TableKernel:
             return
         stream = _stream_handle(self.weight.device)
         if self.variant.l2 == "prefetch":
-            code = self.library.lib.chz_l2_pin(self.weight.data_ptr(), self.weight.shape[1], self.weight.stride(0),
+            code = self.library.lib.chz_l2_pin(self.weight.data_ptr(), self.dim, self.weight.stride(0),
                                                self.weight.stride(1), self.hot_rows.data_ptr(), len(self.hot_rows),
                                                stream)
             self.library.check(code, "L2 pinning pre-pass")
@@ -222,7 +308,7 @@ class TableKernel:
                 self._saved = ctypes.create_string_buffer(self.library.lib.chz_l2_state_size())
                 self.library.check(self.library.lib.chz_l2_window_save(stream, self._saved), "saving the L2 state")
             carve, nbytes, ratio = ctypes.c_uint64(), ctypes.c_uint64(), ctypes.c_float()
-            hot_bytes = len(self.hot_rows) * self.weight.shape[1] * self.weight.element_size()
+            hot_bytes = len(self.hot_rows) * self.weight.stride(0) * self.weight.element_size()
             code = self.library.lib.chz_l2_window_apply(stream, self.weight.data_ptr(), hot_bytes,
                                                         ctypes.byref(carve), ctypes.byref(nbytes), ctypes.byref(ratio))
             self.library.check(code, "setting the L2 access-policy window")
@@ -231,10 +317,13 @@ class TableKernel:
     def launch(self, indices: torch.Tensor, offsets: torch.Tensor, per_sample_weights: torch.Tensor | None = None,
                out: BagOutputs | None = None) -> BagOutputs:
         """One lookup-kernel launch on already mapped indices (no pre-pass)."""
-        B, D = offsets.shape[0], self.weight.shape[1]
+        B, D = offsets.shape[0], self.dim
         if self.library is None:
             pad = self.padding_idx
-            y = torch.nn.functional.embedding_bag(indices, self.weight, offsets, mode=self.mode, padding_idx=pad,
+            weight = self.weight
+            if self.dtype in QPARAM_BYTES and QPARAM_BYTES[self.dtype]:  # int8: dequantized with torch's ops
+                weight = dequantize(QuantizedTable(self.weight, self.dim, self.dtype))
+            y = torch.nn.functional.embedding_bag(indices, weight, offsets, mode=self.mode, padding_idx=pad,
                                                   per_sample_weights=per_sample_weights)
             empty = torch.empty(0, dtype=torch.int64, device=self.weight.device)
             return BagOutputs(y, empty, empty)
@@ -242,14 +331,14 @@ class TableKernel:
             raise UnsupportedShape(f"variant {self.variant.name} does not support per-sample weights")
         if out is None:
             dev = self.weight.device
-            out = BagOutputs(torch.empty(B, D, dtype=self.weight.dtype, device=dev),
+            out = BagOutputs(torch.empty(B, D, dtype=torch.float32, device=dev),   # pooled in fp32
                              torch.empty(indices.shape[0], dtype=torch.int64, device=dev),
                              torch.empty(B, dtype=torch.int64, device=dev))
         args = BagArgs(
             weight=self.weight.data_ptr(), num_rows=self.weight.shape[0], dim=D,
             indices=indices.data_ptr(), num_indices=indices.shape[0], offsets=offsets.data_ptr(), num_bags=B,
             output=out.output.data_ptr(), offset2bag=out.offset2bag.data_ptr(), bag_size=out.bag_size.data_ptr(),
-            mode=1 if self.mode == "mean" else 0, padding_idx=self.map_padding(),
+            mode=1 if self.mode == "mean" else 0, dtype=DTYPE_CODES[self.dtype], padding_idx=self.map_padding(),
             weight_stride0=self.weight.stride(0), weight_stride1=self.weight.stride(1),
             per_sample_weights=per_sample_weights.data_ptr() if per_sample_weights is not None else None,
             per_sample_weights_stride=per_sample_weights.stride(0) if per_sample_weights is not None else 0)
@@ -283,13 +372,18 @@ def check_indices(indices: torch.Tensor, rows: int, where: str = "indices") -> N
         raise UnsupportedShape(f"{where}: index {int(indices[pos])} at position {pos} is outside [0, {rows})")
 
 
-def bind(variant: str | Variant, weight: torch.Tensor, *, trace: torch.Tensor | None = None,
+def bind(variant: str | Variant, weight: Table, *, trace: torch.Tensor | None = None,
          params: dict[str, Any] | None = None, mode: str = "sum", padding_idx: int | None = None,
          backend: str | None = None, gpu: Any = None) -> TableKernel:
     """Bind a variant to a table. `trace` (indices) gives the hot rows for l2p/l2w/combined;
     `backend` is 'cuda' (weight must be on the GPU) or 'emulate' (CPU); `gpu` is the
-    GpuSpec whose persisting-L2 budget sets K by default."""
+    GpuSpec whose persisting-L2 budget sets K by default. `weight` is an fp32, fp16 or
+    bf16 tensor or a QuantizedTable (int8, int8h); pooling is fp32 for every dtype."""
     v = get_variant(variant) if isinstance(variant, str) else variant
+    dtype = check_dtype(table_dtype(weight))
+    E, D = weight.shape
+    if isinstance(weight, QuantizedTable):
+        weight = weight.data
     backend = backend or ("cuda" if weight.is_cuda else "emulate")
     if backend == "cuda" and not weight.is_cuda:
         raise ConfigError("backend 'cuda' needs the table on the GPU")
@@ -297,14 +391,13 @@ def bind(variant: str | Variant, weight: torch.Tensor, *, trace: torch.Tensor | 
         raise ConfigError("backend 'emulate' runs on the CPU; move the table to the CPU")
     if mode not in ("sum", "mean"):
         raise ConfigError(f"mode must be sum or mean, got {mode!r}")
-    E, D = weight.shape
-    v.check_shape(D)
+    v.check_shape(D, dtype)
     if padding_idx is not None:
         padding_idx = padding_idx + E if padding_idx < 0 else padding_idx
         if not 0 <= padding_idx < E:
             raise ConfigError(f"padding_idx {padding_idx} outside the table's {E} rows")
     if v.entry is None:
-        return TableKernel(v, {}, weight, None, None, mode, padding_idx)
+        return TableKernel(v, {}, weight, None, None, mode, padding_idx, dtype, D)
     arch = None
     if backend == "cuda":
         major, minor = torch.cuda.get_device_capability(weight.device)
@@ -313,8 +406,8 @@ def bind(variant: str | Variant, weight: torch.Tensor, *, trace: torch.Tensor | 
             found = [d for d in devices() if d.index == (weight.device.index or 0)]
             gpu = found[0].spec() if found else None
     gpu = gpu or gpu_spec(REFERENCE_ARCH)
-    p = resolve_params(v, params, arch, gpu, weight.element_size() * D)
-    library = load_library(v.build_spec(backend, arch, p))
+    p = resolve_params(v, params, arch, gpu, ELEMENT_BYTES[dtype] * D + QPARAM_BYTES[dtype], dtype=dtype)
+    library = load_library(v.build_spec(backend, arch, p, dtype))
     if library.emulated:
         library.emu_configure(gpu.l2_bytes, gpu.max_persisting_l2_bytes)
     hot = None
@@ -322,10 +415,10 @@ def bind(variant: str | Variant, weight: torch.Tensor, *, trace: torch.Tensor | 
         k = p.get("K", 0)
         hot_np = hot_rows_by_frequency(trace, k) if trace is not None else np.empty(0, dtype=np.int64)
         hot = torch.from_numpy(hot_np).to(weight.device)
-    return TableKernel(v, p, weight, library, hot, mode, padding_idx)
+    return TableKernel(v, p, weight, library, hot, mode, padding_idx, dtype, D)
 
 
-def run_variant(variant: str | Variant, weight: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor, *,
+def run_variant(variant: str | Variant, weight: Table, indices: torch.Tensor, offsets: torch.Tensor, *,
                 mode: str = "sum", padding_idx: int | None = None, per_sample_weights: torch.Tensor | None = None,
                 params: dict[str, Any] | None = None, backend: str | None = None, gpu: Any = None) -> BagOutputs:
     """One complete forward (pre-pass, kernel, restore) in the table's original row order."""
@@ -336,8 +429,8 @@ def run_variant(variant: str | Variant, weight: torch.Tensor, indices: torch.Ten
         mapped = tk.map_indices(indices)
         tk.prepass()
         out = tk.launch(mapped, offsets, per_sample_weights)
-        if weight.is_cuda:
-            torch.cuda.synchronize(weight.device)
+        if tk.weight.is_cuda:
+            torch.cuda.synchronize(tk.weight.device)
         return out
     finally:
         tk.close()

@@ -13,7 +13,26 @@ from characterize.errors import (
     ConfigError,
     UnsupportedShape,
 )
-from characterize.kernels.build import BuildSpec
+from characterize.kernels.build import DTYPE_CODES, BuildSpec
+
+#: bytes per stored element and, for the row-wise int8 types, the scale + bias bytes
+#: each row carries after its values (as FBGEMM stores them)
+ELEMENT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1, "int8h": 1}
+QPARAM_BYTES = {"fp32": 0, "fp16": 0, "bf16": 0, "int8": 8, "int8h": 4}
+DTYPES: tuple[str, ...] = tuple(DTYPE_CODES)
+
+
+def check_dtype(dtype: str) -> str:
+    """The dtype, or ConfigError naming the ones the kernels read."""
+    if dtype not in DTYPE_CODES:
+        raise ConfigError(f"dtype {dtype!r} is not supported; use one of {', '.join(DTYPE_CODES)} "
+                          "(int8: row-wise with fp32 scale and bias; int8h: with fp16 scale and bias)")
+    return dtype
+
+
+def vector_elems(dtype: str) -> int:
+    """Elements one 16-byte load of the warp kernel covers (4 fp32, 8 fp16/bf16, 16 int8)."""
+    return 16 // ELEMENT_BYTES[check_dtype(dtype)]
 
 
 # ------------------------------------------------------------------- registry
@@ -41,8 +60,10 @@ class Variant:
     block: tuple[int, int] = (32, 8)
     grid: int = 1024                # blocks; 0 lets the launcher size the grid
     params: tuple[Param, ...] = ()
-    dim_multiple: int = 1
+    dim_multiple: int = 1           # in 16-byte vectors when vector_loads, else elements
     max_dim: int | None = None
+    vector_loads: bool = False      # loads rows as 16-byte vectors: D must fill whole vectors of the dtype
+    dtypes: tuple[str, ...] = DTYPES  # table element types the variant reads
     per_sample_weights: bool = False
     honors_cap: bool = True         # False where __launch_bounds__ overrides -maxrregcount
     test_only: bool = False
@@ -55,10 +76,22 @@ class Variant:
     def compiled(self) -> bool:
         return self.entry is not None
 
-    def check_shape(self, D: int) -> None:
+    def check_dtype(self, dtype: str) -> None:
+        """Refuse table element types this variant cannot read, by name."""
+        check_dtype(dtype)
+        if dtype not in self.dtypes:
+            raise UnsupportedShape(f"variant {self.name} cannot read {dtype} tables; it reads "
+                                   f"{', '.join(self.dtypes)}")
+
+    def check_shape(self, D: int, dtype: str = "fp32") -> None:
         """Refuse shapes this variant would compute wrongly."""
-        if D % self.dim_multiple:
-            raise UnsupportedShape(f"variant {self.name} needs D to be a multiple of {self.dim_multiple} "
+        self.check_dtype(dtype)
+        if QPARAM_BYTES[dtype] and D % (QPARAM_BYTES[dtype] // 2):
+            raise UnsupportedShape(f"variant {self.name} needs D to be a multiple of {QPARAM_BYTES[dtype] // 2} for "
+                                   f"{dtype} tables (the scale and bias after the values must be aligned); D={D}")
+        multiple = self.dim_multiple * (vector_elems(dtype) if self.vector_loads else 1)
+        if D % multiple:
+            raise UnsupportedShape(f"variant {self.name} needs D to be a multiple of {multiple} for {dtype} "
                                    f"(it loads rows as 16-byte vectors); D={D}. Use base or rpf for this D.")
         if self.max_dim is not None and D > self.max_dim:
             raise UnsupportedShape(f"variant {self.name} supports D <= {self.max_dim}; D={D}")
@@ -94,22 +127,25 @@ class Variant:
             return gpu.rows_in_persisting_l2(row_bytes)
         return None
 
-    def build_spec(self, target: str, arch: str | None, params: dict[str, int]) -> BuildSpec:
+    def build_spec(self, target: str, arch: str | None, params: dict[str, int], dtype: str = "fp32") -> BuildSpec:
+        """The library build this variant runs from: one per target, architecture, cap and dtype."""
         cap = params.get("maxrregcount") if self.capped else None
-        return BuildSpec(target, arch, cap)
+        return BuildSpec(target, arch, cap, dtype)
 
-    def kernel_name(self, params: dict[str, int], D: int) -> str | None:
-        """The lookup kernel's name in ptxas output for these parameters and D."""
+    def kernel_name(self, params: dict[str, int], D: int, dtype: str = "fp32") -> str | None:
+        """The lookup kernel's name in ptxas output for these parameters, D and dtype (the
+        dtype's library holds it; the dtype picks the warp kernel's vectors per lane)."""
         if self.kernel is None:
             return None
-        group = warp_group(D)
-        per_lane = -(-(D // 4) // group)
+        group = warp_group(D, dtype)
+        per_lane = -(-(D // vector_elems(dtype)) // group)
         V = next((v for v in (1, 2, 4, 8) if per_lane <= v), 8)
         return self.kernel.format(P=params.get("P", 2), V=V, U=8 // V)
 
 
-_CAP = Param("maxrregcount", "register cap passed to nvcc -maxrregcount (default: chosen per architecture)",
-             None, 16, 255)
+_CAP = Param("maxrregcount", "register cap passed to nvcc -maxrregcount (default: chosen per architecture and "
+                             "kernel; ptxas raises caps below 24 to 24; 255 leaves the kernel uncapped)",
+             None, 24, 255)
 _P = Param("P", "prefetch distance: row loads kept in flight per thread (at a register cap of 48, P >= 5 "
                 "spills inside the loop: raise maxrregcount with it; `characterize sass` shows the spills)", 2, 1, 8)
 _K = Param("K", "hot rows kept in L2 (default: the GPU's persisting-L2 budget / row bytes)", None, 1)
@@ -134,9 +170,10 @@ register(Variant("optmt", "base compiled with a register cap for more resident w
 register(Variant("rpf", "base with register prefetching: groups of P rows loaded together, the next group's "
                         "indices loaded while they are in flight (P rows in flight per thread), capped",
                  entry="chz_forward_rpf", kernel="chz_rpf_kernel<{P}>", capped=True, params=(_P, _CAP)))
-register(Variant("l2p", "base after a pre-pass pinning the K hottest rows in L2 (prefetch evict_last)",
-                 entry="chz_forward_base", kernel="chz_base_kernel<false>", l2="prefetch", params=(_K,),
-                 per_sample_weights=True))
+register(Variant("l2p", "base after a pre-pass pinning the K hottest rows in L2 (prefetch evict_last), with the "
+                        "register cap as the paper measured it (L2P+OptMT; maxrregcount=255 for uncapped)",
+                 entry="chz_forward_base", kernel="chz_base_kernel<false>", capped=True, l2="prefetch",
+                 params=(_K, _CAP), per_sample_weights=True))
 register(Variant("l2w", "base on a frequency-sorted table with a persisting-L2 access-policy window on the hot rows",
                  entry="chz_forward_base", kernel="chz_base_kernel<false>", l2="window", params=(_K,),
                  per_sample_weights=True))
@@ -146,7 +183,7 @@ register(Variant("combined", "rpf + l2p with the register cap",
 register(Variant("warp", "ours: sub-warp per bag, shuffled indices, 8 independent 16-byte row loads in flight per "
                          "lane (8 whole rows per warp at D=128)",
                  entry="chz_forward_warp", kernel="chz_warp_kernel<{V}, {U}>", block=(256, 1), grid=0,
-                 dim_multiple=4, max_dim=1024, honors_cap=False))
+                 vector_loads=True, max_dim=1024, honors_cap=False))
 register(Variant("wrong", "base with an off-by-one dropping each bag's last index (test-only: the checker must fail)",
                  entry="chz_forward_wrong", kernel="chz_base_kernel<true>", test_only=True))
 
@@ -162,11 +199,12 @@ def get_variant(name: str) -> Variant:
         raise ConfigError(f"unknown variant {name!r}; known: {public}") from None
 
 
-def warp_group(D: int) -> int:
-    """Lanes per bag of the warp variant: the power of two covering D/4 float4s, <= 32
-    (mirrors chz_warp_group in the CUDA source; a test keeps them in step)."""
+def warp_group(D: int, dtype: str = "fp32") -> int:
+    """Lanes per bag of the warp variant: the power of two covering the row's 16-byte
+    vectors (D/4 fp32, D/8 fp16/bf16, D/16 int8), <= 32 (mirrors chz_warp_group in the
+    CUDA source; a test keeps them in step)."""
     g = 1
-    while g < 32 and g < D // 4:
+    while g < 32 and g < D // vector_elems(dtype):
         g *= 2
     return g
 

@@ -54,7 +54,6 @@ import shutil
 import subprocess
 import sys
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -62,19 +61,13 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import pandas as pd
 
-from characterize.config import DEFAULT_ARCHS
 from characterize.errors import BuildError, ToolchainNotFound
-from characterize.hardware import normalize_arch
 from characterize.kernels.build import (
     BuildResult,
-    BuildSpec,
     Toolchain,
-    build_many,
     cache_root,
     demangle,
 )
-from characterize.kernels.registry import VARIANTS, Variant, get_variant
-from characterize.kernels.static import resolve_params
 
 #: cycles from a global load's issue until its registers are ready (DRAM-like)
 MEMORY_LATENCY = 500
@@ -790,6 +783,8 @@ class LoopRow:
     latencies_per_iteration: float
     rows_in_flight: float | None    # per warp: row loads / latencies per iteration
     bytes_in_flight_per_warp: float | None
+    dtype: str = "fp32"             # table element type of the build
+    qparam_loads: int = 0           # int8: gathered loads of a row's scale and bias (not counted as row loads)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -797,10 +792,17 @@ class LoopRow:
         return out
 
 
+#: widths of the loads of an int8 row's scale and bias: one each (base, rpf) or both at once (warp);
+#: the values are loaded 8 bits (base, rpf) or 128 bits (warp) wide, so widths tell them apart
+QPARAM_LOAD_BITS = {"int8": frozenset({32, 64}), "int8h": frozenset({16, 32})}
+
+
 def analyze_loop(loop: Loop, *, variant: str = "", arch: str = "", role: str = "lookup",
                  maxrregcount: int | None = None, registers: int | None = None,
-                 memory_latency: int = MEMORY_LATENCY) -> LoopRow:
-    """Counts, load classes and the in-order replay of one loop."""
+                 memory_latency: int = MEMORY_LATENCY, dtype: str = "fp32") -> LoopRow:
+    """Counts, load classes and the in-order replay of one loop. For int8 tables the
+    gathers of a row's scale and bias (loads of their width: QPARAM_LOAD_BITS) are
+    counted apart, so rows in flight counts rows' values, as for the other dtypes."""
     path = loop.path
     cls = classify(path)
     rep = replay(path, memory_latency)
@@ -812,8 +814,11 @@ def analyze_loop(loop: Loop, *, variant: str = "", arch: str = "", role: str = "
     for i in path:
         if i.opcode == "CCTL":
             prefetches[i.mnemonic] = prefetches.get(i.mnemonic, 0) + 1
-    rows = len(cls.row_loads)
-    row_bits = sum(i.width_bits for i in path if i.address in cls.row_loads)
+    qbits = QPARAM_LOAD_BITS.get(dtype, frozenset())
+    qparams = {i.address for i in path if i.address in cls.row_loads and i.width_bits in qbits}
+    row_loads = cls.row_loads - qparams
+    rows = len(row_loads)
+    row_bits = sum(i.width_bits for i in path if i.address in row_loads)
     lat = rep.latencies_per_iteration
     if rows == 0:
         in_flight = bytes_in_flight = None
@@ -828,12 +833,13 @@ def analyze_loop(loop: Loop, *, variant: str = "", arch: str = "", role: str = "
         role=role, maxrregcount=maxrregcount, registers=registers, instructions=len(path),
         lookups_per_iteration=lookups, instructions_per_lookup=round(len(path) / lookups, 2) if lookups else None,
         row_loads=rows, index_loads=len(cls.index_loads),
-        other_loads=sum(1 for i in path if i.is_global_load) - rows - len(cls.index_loads - cls.row_loads),
+        other_loads=sum(1 for i in path if i.is_global_load) - len(cls.row_loads) - len(cls.index_loads - cls.row_loads),
         load_bits=widths, local_mem_ops=sum(1 for i in path if i.opcode in LOCAL_MEMORY),
         shuffles=sum(1 for i in path if i.opcode == "SHFL"), prefetches=prefetches,
         cycles_per_iteration=round(rep.cycles_per_iteration, 1), latencies_per_iteration=round(lat, 3),
         rows_in_flight=None if in_flight is None else round(in_flight, 2),
-        bytes_in_flight_per_warp=None if bytes_in_flight is None else round(bytes_in_flight, 1))
+        bytes_in_flight_per_warp=None if bytes_in_flight is None else round(bytes_in_flight, 1), dtype=dtype,
+        qparam_loads=len(qparams))
 
 
 def hot_loop(code: KernelCode) -> Loop | None:
@@ -868,56 +874,3 @@ def kernel_code(result: BuildResult, kernel: str) -> KernelCode:
     return found[kernel]
 
 
-@dataclass(frozen=True)
-class Plan:
-    """One kernel to analyze: a variant's lookup kernel or pre-pass in one build."""
-
-    variant: Variant
-    arch: str
-    spec: BuildSpec
-    kernel: str     # short name, e.g. chz_rpf_kernel<2>
-    role: str       # lookup | prepass
-
-
-def plan_variants(variants: Iterable[str] | None = None, archs: Iterable[str] = DEFAULT_ARCHS, D: int = 128,
-                  params: dict[str, dict[str, Any]] | None = None) -> list[Plan]:
-    """What `analyze_variants` looks at, built as `static.static_characterization`
-    builds it (capped variants at their default or given cap)."""
-    names = list(variants) if variants is not None else [n for n, v in VARIANTS.items() if not v.test_only]
-    chosen: list[Variant] = [get_variant(n) for n in names]
-    params = params or {}
-    plans = []
-    for arch in [normalize_arch(a) for a in archs]:
-        for v in chosen:
-            if not v.compiled:
-                continue
-            v.check_shape(D)
-            p = resolve_params(v, params.get(v.name), arch)
-            spec = v.build_spec("cuda", arch, p)
-            plans.append(Plan(v, arch, spec, v.kernel_name(p, D), "lookup"))
-            if v.l2 == "prefetch":
-                plans.append(Plan(v, arch, spec, "chz_l2_pin_kernel", "prepass"))
-    return plans
-
-
-def analyze_variants(variants: Iterable[str] | None = None, archs: Iterable[str] = DEFAULT_ARCHS, D: int = 128,
-                     params: dict[str, dict[str, Any]] | None = None, *,
-                     memory_latency: int = MEMORY_LATENCY) -> list[LoopRow]:
-    """The hot loop of every compiled variant's lookup kernel (and L2 pre-pass) per
-    architecture, one row each, in `plan_variants` order."""
-    plans = plan_variants(variants, archs, D, params)
-    results = build_many({p.spec for p in plans})
-    libraries = [r.library for r in results.values()]
-    with ThreadPoolExecutor(max(1, min(len(libraries), os.cpu_count() or 1))) as pool:  # cuobjdump: ~1 s each
-        list(pool.map(kernels_in, libraries))
-    rows = []
-    for p in plans:
-        result = results[p.spec]
-        row = analyze_kernel(kernel_code(result, p.kernel), variant=p.variant.name, arch=p.arch, role=p.role,
-                             maxrregcount=p.spec.maxrregcount, registers=result.resources(p.kernel).registers,
-                             memory_latency=memory_latency)
-        if row is None:
-            raise BuildError(f"no loop gathering rows found in {p.kernel} ({p.spec.label()}); the kernel changed "
-                             "shape or the SASS parser needs a look")
-        rows.append(row)
-    return rows

@@ -10,15 +10,27 @@ stay light.
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from typing import Any, Iterable
 
 from characterize.config import DEFAULT_ARCHS
+from characterize.errors import BuildError, ToolchainNotFound
 from characterize.hardware import ARCHS, normalize_arch
-from characterize.kernels.build import BuildSpec, build_many
+from characterize.kernels.build import BuildResult, BuildSpec, build_many
 from characterize.kernels.occupancy import register_steps, theoretical_occupancy
 from characterize.kernels.registry import VARIANTS, Variant, get_variant
+from characterize.kernels.sass import (
+    MEMORY_LATENCY,
+    LoopRow,
+    analyze_kernel,
+    find_cuobjdump,
+    hot_loop,
+    kernel_code,
+    kernels_in,
+)
 
 #: spill traffic (stores + loads, bytes per thread) we still call light. On sm_80 the
 #: base kernel (54 registers) spills 44 B at a cap of 48 (5 blocks/SM), 224 B at the
@@ -29,7 +41,7 @@ BASE_KERNEL = "chz_base_kernel<false>"
 
 @dataclass(frozen=True)
 class StaticRow:
-    """One kernel of one variant compiled for one architecture and cap."""
+    """One kernel of one variant compiled for one architecture, cap and dtype."""
 
     variant: str
     arch: str
@@ -47,6 +59,7 @@ class StaticRow:
     limiter: str
     sweep: bool                # a register-sweep row rather than the variant's configuration
     compiler: str
+    dtype: str = "fp32"        # table element type of the build
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -58,68 +71,128 @@ def _row(variant: Variant, arch: str, cap: int | None, kernel: str, role: str, b
     occ = theoretical_occupancy(ARCHS[arch], block, res.registers, res.shared_mem)
     return StaticRow(variant.name, arch, cap, kernel, role, res.registers, res.spill_stores, res.spill_loads,
                      res.stack_frame, res.shared_mem, block, occ.blocks_per_sm, occ.occupancy_pct, occ.limiter,
-                     sweep, result.compiler)
+                     sweep, result.compiler, result.spec.dtype)
+
+
+def _loop_spills(result: BuildResult, kernel: str) -> int | None:
+    """LDL/STL on the hot loop's path, or None when cuobjdump is not installed."""
+    try:
+        find_cuobjdump()
+    except ToolchainNotFound:
+        return None
+    loop = hot_loop(kernel_code(result, kernel))
+    return sum(1 for i in loop.path if i.opcode in ("LDL", "STL")) if loop is not None else None
 
 
 @lru_cache(maxsize=None)
-def default_register_cap(arch: str) -> int:
-    """The register cap for optmt/rpf/combined on `arch`: among the caps that put more
-    256-thread blocks on an SM than the uncapped base kernel, the one reaching the
-    highest occupancy with light spilling (LIGHT_SPILL_BYTES); the uncapped register
-    count when no cap helps."""
+def default_register_cap(arch: str, kernel: str = BASE_KERNEL, dtype: str = "fp32") -> int:
+    """The register cap of a capped variant's lookup `kernel` on `arch`: among the caps
+    that put more 256-thread blocks on an SM than the kernel uncapped, the one reaching
+    the highest occupancy whose spills are light (LIGHT_SPILL_BYTES) and, where the
+    SASS can be read, stay out of the hot loop; the uncapped register count when no
+    cap helps. Chosen per kernel and dtype: a cap light for base can spill inside rpf's loop,
+    and int8's dequantization needs registers fp32 does not."""
     arch = normalize_arch(arch)
     spec = ARCHS[arch]
     block = VARIANTS["base"].block_size
-    uncapped = build_many([BuildSpec("cuda", arch)])[BuildSpec("cuda", arch)].resources(BASE_KERNEL)
+    uncapped = build_many([BuildSpec("cuda", arch, None, dtype)])[BuildSpec("cuda", arch, None, dtype)].resources(kernel)
     start = theoretical_occupancy(spec, block, uncapped.registers).blocks_per_sm
     candidates = [regs for regs, blocks in register_steps(spec, block)
                   if blocks > start and regs >= spec.min_maxrregcount]
     if not candidates:
         return uncapped.registers
-    built = build_many([BuildSpec("cuda", arch, c) for c in candidates])
+    built = build_many([BuildSpec("cuda", arch, c, dtype) for c in candidates])
     best = uncapped.registers
     for cap in candidates:  # fewest blocks first: later entries reach higher occupancy
-        res = built[BuildSpec("cuda", arch, cap)].resources(BASE_KERNEL)
-        if res.spill_stores + res.spill_loads <= LIGHT_SPILL_BYTES:
+        result = built[BuildSpec("cuda", arch, cap, dtype)]
+        res = result.resources(kernel)
+        if res.spill_stores + res.spill_loads <= LIGHT_SPILL_BYTES and not _loop_spills(result, kernel):
             best = cap
     return best
 
 
 def resolve_params(v: Variant, given: dict[str, Any] | None, arch: str | None, gpu: Any = None,
-                   row_bytes: int | None = None) -> dict[str, int]:
+                   row_bytes: int | None = None, dtype: str = "fp32") -> dict[str, int]:
     """`Variant.resolve_params` with the register cap filled in for `arch` (compiling
-    the family to choose it) when the variant is capped and the caller gave none."""
+    the family to choose it for this variant's kernel) when the variant is capped and
+    the caller gave none."""
     cap = None
     if v.capped and arch is not None and "maxrregcount" not in (given or {}):
-        cap = default_register_cap(arch)
+        kernel = v.kernel_name(v.resolve_params(given), 128, dtype)   # chunk-family kernels do not depend on D
+        cap = default_register_cap(arch, kernel, dtype)
     return v.resolve_params(given, cap=cap, gpu=gpu, row_bytes=row_bytes)
 
 
 def static_characterization(variants: Iterable[str] | None = None, archs: Iterable[str] = DEFAULT_ARCHS,
                             sweep_caps: Iterable[int] = (), D: int = 128,
-                            params: dict[str, dict[str, Any]] | None = None) -> list[StaticRow]:
+                            params: dict[str, dict[str, Any]] | None = None, dtype: str = "fp32") -> list[StaticRow]:
     """Rows for every compiled variant x architecture as configured (capped variants at
-    their cap), plus one row per sweep cap for each variant's lookup kernel."""
-    names = list(variants) if variants is not None else [n for n, v in VARIANTS.items() if not v.test_only]
-    chosen = [get_variant(n) for n in names]
-    compiled = [v for v in chosen if v.compiled]
-    archs = [normalize_arch(a) for a in archs]
+    their cap), plus one row per sweep cap for each variant's lookup kernel, for tables of `dtype`."""
+    plans = plan_variants(variants, archs, D, params, dtype)
     caps = sorted(set(int(c) for c in sweep_caps))
-    params = params or {}
-    plans = []  # (variant, arch, cap, kernel, role, sweep)
-    for arch in archs:
-        for v in compiled:
-            p = resolve_params(v, params.get(v.name), arch)
-            cap = p.get("maxrregcount") if v.capped else None
-            kernel = v.kernel_name(p, D)
-            plans.append((v, arch, cap, kernel, "lookup", False))
-            if v.l2 == "prefetch":
-                plans.append((v, arch, cap, "chz_l2_pin_kernel", "prepass", False))
-            for c in caps if v.honors_cap else ():
-                plans.append((v, arch, c, kernel, "lookup", True))
-    results = build_many({BuildSpec("cuda", a, c) for _, a, c, *_ in plans})
+    sweeps = [(p, BuildSpec("cuda", p.arch, c, dtype)) for p in plans if p.role == "lookup" and p.variant.honors_cap
+              for c in caps]
+    results = build_many({p.spec for p in plans} | {spec for _, spec in sweeps})
     rows = []
-    for v, arch, cap, kernel, role, sweep in plans:
-        block = 256 if role == "prepass" else v.block_size
-        rows.append(_row(v, arch, cap, kernel, role, block, results[BuildSpec("cuda", arch, cap)], sweep))
+    for p in plans:
+        block = 256 if p.role == "prepass" else p.variant.block_size
+        rows.append(_row(p.variant, p.arch, p.spec.maxrregcount, p.kernel, p.role, block, results[p.spec], False))
+    for p, spec in sweeps:
+        rows.append(_row(p.variant, p.arch, spec.maxrregcount, p.kernel, "lookup", p.variant.block_size,
+                         results[spec], True))
+    return rows
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One kernel to analyze: a variant's lookup kernel or pre-pass in one build."""
+
+    variant: Variant
+    arch: str
+    spec: BuildSpec
+    kernel: str     # short name, e.g. chz_rpf_kernel<2>
+    role: str       # lookup | prepass
+
+
+def plan_variants(variants: Iterable[str] | None = None, archs: Iterable[str] = DEFAULT_ARCHS, D: int = 128,
+                  params: dict[str, dict[str, Any]] | None = None, dtype: str = "fp32") -> list[Plan]:
+    """What `analyze_variants` looks at, built as `static.static_characterization`
+    builds it (capped variants at their default or given cap), from the `dtype` library."""
+    names = list(variants) if variants is not None else [n for n, v in VARIANTS.items() if not v.test_only]
+    chosen: list[Variant] = [get_variant(n) for n in names]
+    params = params or {}
+    plans = []
+    for arch in [normalize_arch(a) for a in archs]:
+        for v in chosen:
+            if not v.compiled:
+                continue
+            v.check_shape(D, dtype)
+            p = resolve_params(v, params.get(v.name), arch, dtype=dtype)
+            spec = v.build_spec("cuda", arch, p, dtype)
+            plans.append(Plan(v, arch, spec, v.kernel_name(p, D, dtype), "lookup"))
+            if v.l2 == "prefetch":
+                plans.append(Plan(v, arch, spec, "chz_l2_pin_kernel", "prepass"))
+    return plans
+
+
+def analyze_variants(variants: Iterable[str] | None = None, archs: Iterable[str] = DEFAULT_ARCHS, D: int = 128,
+                     params: dict[str, dict[str, Any]] | None = None, *,
+                     memory_latency: int = MEMORY_LATENCY, dtype: str = "fp32") -> list[LoopRow]:
+    """The hot loop of every compiled variant's lookup kernel (and L2 pre-pass) per
+    architecture, one row each, in `plan_variants` order, for tables of `dtype`."""
+    plans = plan_variants(variants, archs, D, params, dtype)
+    results = build_many({p.spec for p in plans})
+    libraries = [r.library for r in results.values()]
+    with ThreadPoolExecutor(max(1, min(len(libraries), os.cpu_count() or 1))) as pool:  # cuobjdump: ~1 s each
+        list(pool.map(kernels_in, libraries))
+    rows = []
+    for p in plans:
+        result = results[p.spec]
+        row = analyze_kernel(kernel_code(result, p.kernel), variant=p.variant.name, arch=p.arch, role=p.role,
+                             maxrregcount=p.spec.maxrregcount, registers=result.resources(p.kernel).registers,
+                             memory_latency=memory_latency, dtype=dtype)
+        if row is None:
+            raise BuildError(f"no loop gathering rows found in {p.kernel} ({p.spec.label()}); the kernel changed "
+                             "shape or the SASS parser needs a look")
+        rows.append(row)
     return rows

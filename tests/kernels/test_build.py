@@ -69,6 +69,32 @@ def test_every_kernel_compiles_for_both_archs(arch):
     assert r.library.is_file()
 
 
+@pytest.mark.slow   # four more libraries per architecture, ~12 s each uncached
+@pytest.mark.parametrize("dtype", ["fp16", "bf16", "int8", "int8h"])
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_every_dtype_compiles_the_same_kernels_for_both_archs(arch, dtype):
+    """One library per dtype under the fp32 kernel names: warp's 16-byte vectors hold 8
+    fp16/bf16 or 16 int8 elements, so D <= 1024 needs at most 4 (fp16/bf16) or 2 (int8)
+    per lane and the larger instances are not built: 14 and 13 kernels instead of 15."""
+    r = build(BuildSpec("cuda", arch, dtype=dtype))
+    per_lane = 4 if dtype in ("fp16", "bf16") else 2
+    warps = [v for v in (1, 2, 4, 8) if v <= per_lane]
+    for expected in ["chz_base_kernel<false>", "chz_base_kernel<true>", "chz_l2_pin_kernel"] + \
+            [f"chz_rpf_kernel<{p}>" for p in range(1, 9)] + \
+            [f"chz_warp_kernel<{v}, {8 // v}>" for v in warps]:
+        assert r.resources(expected).arch == arch
+    assert len(r.kernels) == 11 + len(warps)
+    # no spills where D=128 runs (the int8 V=2 kernel, D in 520..1024, may spill a few bytes)
+    assert all(r.resources(k).spill_stores == 0 for k in ("chz_base_kernel<false>", "chz_rpf_kernel<2>",
+                                                           "chz_warp_kernel<1, 8>"))
+    assert dtype in r.spec.label()
+
+
+def test_unknown_dtype_is_a_build_error():
+    with pytest.raises(BuildError, match="int4"):
+        BuildSpec("cuda", "sm_80", dtype="int4")
+
+
 def test_cache_hit_and_cap(tmp_path, monkeypatch):
     monkeypatch.setenv("CHARACTERIZE_CACHE", str(tmp_path))
     first = build(BuildSpec("cuda", "sm_80", 40))

@@ -13,7 +13,6 @@ from characterize.kernels import sass as S
 from characterize.kernels.build import BuildSpec, build, find_nvcc
 from characterize.kernels.sass import (
     analyze_kernel,
-    analyze_variants,
     find_cuobjdump,
     find_loops,
     instruction_frame,
@@ -21,6 +20,7 @@ from characterize.kernels.sass import (
     parse_instruction,
     parse_sass,
 )
+from characterize.kernels.static import analyze_variants
 
 
 def _missing_tools() -> str | None:
@@ -153,6 +153,34 @@ def test_warp_keeps_its_16_byte_loads_in_flight(family, arch, kernel):
     r = pick(family, "warp", arch, kernel)
     assert r.rows_in_flight >= 6, r
     assert r.load_bits == {128: r.row_loads} and r.shuffles > 0 and r.local_mem_ops == 0
+
+
+LOW_PRECISION = ["fp16", "bf16", "int8", "int8h"]
+
+
+@pytest.fixture(scope="module")
+def precision():
+    """Hot loops of base, rpf and warp (D=128) in each reduced-precision library."""
+    return {d: analyze_variants(["base", "rpf", "warp"], ARCHS, dtype=d) for d in LOW_PRECISION}
+
+
+@needs_tools
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype", LOW_PRECISION)
+def test_every_dtype_keeps_its_rows_in_flight(precision, arch, dtype):
+    """Decoding (fp16/bf16 to fp32, int8 x scale + bias) happens after the loads issue:
+    rpf keeps P rows, warp its 8 rows of 16-byte loads in flight, with no spills."""
+    rows = precision[dtype]
+    assert {r.dtype for r in rows} == {dtype}
+    base = pick(rows, "base", arch, "chz_base_kernel<false>")
+    # base waits on each row; int8's scale and bias loads add to its wait (about 0.5 rows)
+    assert base.rows_in_flight >= (0.4 if dtype.startswith("int8") else 0.8), base
+    assert (base.qparam_loads > 0) == dtype.startswith("int8")
+    rpf = pick(rows, "rpf", arch, "chz_rpf_kernel<2>")
+    assert rpf.rows_in_flight >= 0.8 * 2 and rpf.local_mem_ops == 0, rpf
+    warp = pick(rows, "warp", arch, "chz_warp_kernel<1, 8>")
+    assert warp.rows_in_flight >= 6 and warp.local_mem_ops == 0, warp
+    assert warp.load_bits.get(128) == 8 and warp.shuffles > 0
 
 
 @needs_tools

@@ -13,6 +13,7 @@
 #include "chz_emulate.h"
 #else
 #include <cuda_runtime.h>
+#include <cuda_fp16.h>
 
 // Kernels that never synchronise threads launch with CHZ_LAUNCH; kernels using
 // shuffles or barriers with CHZ_LAUNCH_COOPERATIVE (identical on the GPU; the
@@ -38,15 +39,26 @@ enum chz_status : int {
   CHZ_ERR_BAD_ARGUMENT = 10001,   // a null pointer or a negative size
   CHZ_ERR_UNSUPPORTED = 10002,    // the variant cannot compute this shape
   CHZ_ERR_EMULATION = 10003,      // the CPU emulator detected a kernel bug
+  CHZ_ERR_DTYPE = 10004,          // the table's dtype is not the library's
 };
 
 enum chz_mode : int { CHZ_MODE_SUM = 0, CHZ_MODE_MEAN = 1 };
+
+// Element type of the tables. One library holds one dtype's kernels (nvcc -DCHZ_DTYPE=n,
+// see BuildSpec.dtype), so kernel names and the build's size stay those of fp32. The
+// int8 types are row-wise quantized as FBGEMM stores them: D uint8 values followed in
+// the same row by a scale and a bias (fp32: D + 8 bytes; fp16: D + 4), value = q x
+// scale + bias. Pooling always accumulates in fp32 and writes fp32.
+enum chz_dtype : int { CHZ_FP32 = 0, CHZ_FP16 = 1, CHZ_BF16 = 2, CHZ_INT8 = 3, CHZ_INT8H = 4 };
+#ifndef CHZ_DTYPE
+#define CHZ_DTYPE 0
+#endif
 
 // Everything one embedding-bag forward needs. Bags follow torch's 1-D convention:
 // bag b covers indices [offsets[b], offsets[b+1]) and the last bag ends at
 // num_indices; offsets[0] is treated as 0.
 struct chz_bag_args {
-  const float* weight;      // [num_rows, dim], row-major
+  const void* weight;       // [num_rows, weight_stride0] elements of the dtype (int8: bytes)
   int64_t num_rows;         // E
   int64_t dim;              // D
   const int64_t* indices;   // [num_indices]
@@ -57,9 +69,9 @@ struct chz_bag_args {
   int64_t* offset2bag;      // [num_indices]: bag of each index (used by backward)
   int64_t* bag_size;        // [num_bags]: non-padding indices per bag
   int32_t mode;             // chz_mode
-  int32_t _pad;
+  int32_t dtype;            // chz_dtype of the table: must be the library's CHZ_DTYPE
   int64_t padding_idx;      // row excluded from sums and counts; -1 for none
-  int64_t weight_stride0;   // elements between rows (D for a contiguous table)
+  int64_t weight_stride0;   // elements between rows (D for a contiguous table; int8: row bytes)
   int64_t weight_stride1;   // elements between features (1 for a contiguous table)
   const float* per_sample_weights;  // [num_indices] scale of each lookup (sum mode), or null
   int64_t per_sample_weights_stride;

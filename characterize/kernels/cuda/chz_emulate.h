@@ -41,6 +41,37 @@ struct alignas(16) float4 {
   float x, y, z, w;
 };
 inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
+struct alignas(8) float2 {
+  float x, y;
+};
+struct alignas(16) uint4 {
+  unsigned x, y, z, w;
+};
+
+// Reduced-precision element types without cuda_fp16.h: the kernels keep fp16/bf16
+// values as their 16-bit patterns and convert them with these (IEEE binary16 with
+// subnormals, infinities and NaN; bfloat16 is the top half of a float).
+inline float __uint_as_float(unsigned u) {
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+inline unsigned __float_as_uint(float f) {
+  unsigned u;
+  memcpy(&u, &f, sizeof u);
+  return u;
+}
+namespace chz_emu {
+inline float half_to_float(uint16_t h) {
+  const unsigned sign = (unsigned)(h & 0x8000u) << 16;
+  const unsigned exp = (h >> 10) & 0x1fu;
+  const unsigned mant = h & 0x3ffu;
+  if (exp == 0x1f) return __uint_as_float(sign | 0x7f800000u | (mant << 13));  // inf / NaN
+  if (exp != 0) return __uint_as_float(sign | ((exp + 112u) << 23) | (mant << 13));
+  const float sub = (float)mant * (1.0f / 16777216.0f);  // subnormal: mant x 2^-24
+  return sign ? -sub : sub;
+}
+}  // namespace chz_emu
 
 template <typename T>
 inline T __ldg(const T* p) { return *p; }

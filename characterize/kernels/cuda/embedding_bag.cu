@@ -16,11 +16,18 @@
 // points Python loads with ctypes. optmt/combined are compile-flag variants (the
 // register cap applies to the whole library build), so they reuse these kernels.
 //
+// Precision: one library per dtype (CHZ_DTYPE, chz_compat.cuh). Loads keep the raw bits
+// and values are decoded to fp32 where they are added (fp16/bf16 from their 16-bit
+// patterns, int8 as q x scale + bias with the row's own scale and bias), so decoding
+// never makes a load wait; pooling and the output are fp32.
+//
 // Napkin math for the paper's shape (D=128 fp32, L=150, B=2048): each lookup gathers
 // one 512-byte row (16 sectors of 32 B); a table costs B*L*512 B = 157 MB of row
 // traffic against 2.4 MB of indices and 1 MB of output, so the kernels are bound by
 // how many row loads are in flight, not by arithmetic.
 #include "chz_compat.cuh"
+
+#include <type_traits>
 
 // ------------------------------------------------------------------- helpers
 __device__ __forceinline__ int64_t chz_bag_begin(const chz_bag_args& a, int64_t bag) {
@@ -28,6 +35,94 @@ __device__ __forceinline__ int64_t chz_bag_begin(const chz_bag_args& a, int64_t 
 }
 __device__ __forceinline__ int64_t chz_bag_end(const chz_bag_args& a, int64_t bag) {
   return bag + 1 < a.num_bags ? a.offsets[bag + 1] : a.num_indices;
+}
+
+// --------------------------------------------------------------- element types
+constexpr int kDtype = CHZ_DTYPE;
+constexpr int kElemBytes = kDtype == CHZ_FP32 ? 4 : (kDtype == CHZ_FP16 || kDtype == CHZ_BF16) ? 2 : 1;
+constexpr int kQparamBytes = kDtype == CHZ_INT8 ? 8 : kDtype == CHZ_INT8H ? 4 : 0;  // scale + bias after the values
+constexpr int kVecElems = 16 / kElemBytes;  // elements per 16-byte load (warp)
+
+__device__ __forceinline__ float chz_half_bits(unsigned bits) {
+#if defined(CHZ_EMULATE)
+  return chz_emu::half_to_float((uint16_t)bits);
+#else
+  return __half2float(__ushort_as_half((unsigned short)bits));
+#endif
+}
+
+// Loads and decoding are split: a kernel that keeps several rows in flight stores what
+// it loaded as stored (chz_storage, chz_qraw) and decodes only when it adds, so no
+// conversion waits on a load before the next load issues (checked in the SASS).
+typedef std::conditional<kElemBytes == 4, float,
+                         std::conditional<kElemBytes == 2, unsigned short, unsigned char>::type>::type chz_storage;
+typedef std::conditional<kDtype == CHZ_INT8H, unsigned short, float>::type chz_qstore;
+
+// Scale and bias of an int8 row as stored, and decoded (1 and 0 for the other dtypes).
+struct chz_qraw {
+  chz_qstore scale, bias;
+};
+struct chz_qparams {
+  float scale, bias;
+};
+__device__ __forceinline__ chz_qraw chz_load_qparams(const unsigned char* row, int64_t dim) {
+  if constexpr (kQparamBytes > 0) {
+    const chz_qstore* q = reinterpret_cast<const chz_qstore*>(row + dim);
+    return {q[0], q[1]};
+  } else {
+    return {};
+  }
+}
+__device__ __forceinline__ chz_qparams chz_decode_qparams(const chz_qraw& q) {
+  if constexpr (kDtype == CHZ_INT8) return {(float)q.scale, (float)q.bias};
+  else if constexpr (kDtype == CHZ_INT8H) return {chz_half_bits(q.scale), chz_half_bits(q.bias)};
+  else return {1.f, 0.f};
+}
+__device__ __forceinline__ chz_qparams chz_row_qparams(const unsigned char* row, int64_t dim) {
+  return chz_decode_qparams(chz_load_qparams(row, dim));
+}
+
+// One stored element decoded to fp32 (int8: the raw value; scale it with the row's qparams).
+__device__ __forceinline__ float chz_decode(chz_storage v) {
+  if constexpr (kDtype == CHZ_FP16) return chz_half_bits(v);
+  else if constexpr (kDtype == CHZ_BF16) return __uint_as_float((unsigned)v << 16);
+  else return (float)v;
+}
+__device__ __forceinline__ float chz_dequantize(chz_storage v, const chz_qraw& q) {
+  if constexpr (kQparamBytes > 0) {
+    const chz_qparams d = chz_decode_qparams(q);
+    return chz_decode(v) * d.scale + d.bias;
+  } else {
+    return chz_decode(v);
+  }
+}
+
+// Element `off` of a row, decoded to fp32 (int8: the raw value; scale it with the row's qparams).
+__device__ __forceinline__ float chz_elem_at(const unsigned char* row, int64_t off) {
+  if constexpr (kDtype == CHZ_FP32) return reinterpret_cast<const float*>(row)[off];
+  else if constexpr (kDtype == CHZ_FP16) return chz_half_bits(reinterpret_cast<const unsigned short*>(row)[off]);
+  else if constexpr (kDtype == CHZ_BF16)
+    return __uint_as_float((unsigned)reinterpret_cast<const unsigned short*>(row)[off] << 16);
+  else return (float)row[off];
+}
+
+// Where feature `feature` of row 0 sits: hoisted out of the row loops, as torch's kernel does.
+__device__ __forceinline__ const unsigned char* chz_column(const chz_bag_args& a, int64_t feature) {
+  return reinterpret_cast<const unsigned char*>(a.weight) + feature * a.weight_stride1 * kElemBytes;
+}
+
+// Feature `feature` (whose column is `column`) of row `row`, dequantized to fp32. An int8
+// row's values are contiguous bytes (stride1 == 1), so its start is column - feature.
+__device__ __forceinline__ float chz_value(const chz_bag_args& a, const unsigned char* column, int64_t row,
+                                           int64_t feature) {
+  const unsigned char* at = column + row * a.weight_stride0 * kElemBytes;
+  const float v = chz_elem_at(at, 0);
+  if constexpr (kQparamBytes > 0) {
+    const chz_qparams q = chz_row_qparams(at - feature, a.dim);
+    return v * q.scale + q.bias;
+  } else {
+    return v;
+  }
 }
 
 // ---------------------------------------------------------------- base / wrong
@@ -50,12 +145,12 @@ __global__ void chz_base_kernel(const chz_bag_args a) {
     CHZ_KERNEL_ASSERT(end >= begin || kOffByOne);  // offsets must be non-decreasing
     float sum = 0.f;
     int64_t count = 0;
-    const float* column = a.weight + feature * a.weight_stride1;
+    const unsigned char* column = chz_column(a, feature);
     for (int64_t i = begin; i < end; ++i) {
       const int64_t row = a.indices[i];
       CHZ_KERNEL_ASSERT(row < a.num_rows);  // device-side bounds check, as torch's kernel has
       const bool pad = row == a.padding_idx;
-      float value = pad ? 0.f : column[row * a.weight_stride0];
+      float value = pad ? 0.f : chz_value(a, column, row, feature);
       if (a.per_sample_weights) value *= a.per_sample_weights[i * a.per_sample_weights_stride];
       sum += value;
       count += pad ? 0 : 1;
@@ -81,24 +176,28 @@ __global__ void chz_base_kernel(const chz_bag_args a) {
 // One group: row[] holds P indices; when `next` is given, row[] is refilled from it
 // while the rows are in flight.
 template <int P>
-__device__ __forceinline__ void chz_rpf_group(const chz_bag_args& a, const float* column, int64_t (&row)[P],
+__device__ __forceinline__ void chz_rpf_group(const chz_bag_args& a, const unsigned char* column, int64_t feature,
+                                              int64_t (&row)[P],
                                               const int64_t* next, float& sum, int& pads) {
   int64_t ahead[P];
 #pragma unroll
   for (int p = 0; p < P; ++p) ahead[p] = next ? next[p] : 0;
-  float value[P];
+  chz_storage value[P];  // as stored: decoded only when added, after every load has issued
+  chz_qraw q[P];
   bool pad[P];
 #pragma unroll
   for (int p = 0; p < P; ++p) {
     CHZ_KERNEL_ASSERT(row[p] < a.num_rows);  // device-side bounds check, as base has
-    value[p] = column[row[p] * a.weight_stride0];
+    const unsigned char* at = column + row[p] * a.weight_stride0 * kElemBytes;
+    value[p] = *reinterpret_cast<const chz_storage*>(at);
+    q[p] = chz_load_qparams(at - feature, a.dim);
     pad[p] = row[p] == a.padding_idx;
   }
 #pragma unroll
   for (int p = 0; p < P; ++p) row[p] = ahead[p];
 #pragma unroll
   for (int p = 0; p < P; ++p) {
-    sum += pad[p] ? 0.f : value[p];
+    sum += pad[p] ? 0.f : chz_dequantize(value[p], q[p]);
     pads += pad[p] ? 1 : 0;
   }
 }
@@ -118,7 +217,7 @@ __global__ void chz_rpf_kernel(const chz_bag_args a) {
       for (int64_t k = begin + threadIdx.x; k < end; k += blockDim.x) a.offset2bag[k] = bag;
     const int64_t feature = part * blockDim.x + threadIdx.x;
     if (feature >= a.dim) continue;
-    const float* column = a.weight + feature * a.weight_stride1;
+    const unsigned char* column = chz_column(a, feature);
     float sum = 0.f;
     int pads = 0;  // padding rows met: excluded from the sum and the count
     int64_t i = begin;
@@ -126,8 +225,8 @@ __global__ void chz_rpf_kernel(const chz_bag_args a) {
       int64_t row[P];
 #pragma unroll
       for (int p = 0; p < P; ++p) row[p] = a.indices[begin + p];
-      for (; i + 2 * P <= end; i += P) chz_rpf_group<P>(a, column, row, a.indices + i + P, sum, pads);
-      chz_rpf_group<P>(a, column, row, nullptr, sum, pads);
+      for (; i + 2 * P <= end; i += P) chz_rpf_group<P>(a, column, feature, row, a.indices + i + P, sum, pads);
+      chz_rpf_group<P>(a, column, feature, row, nullptr, sum, pads);
       i += P;
     }
 #pragma unroll
@@ -136,7 +235,7 @@ __global__ void chz_rpf_kernel(const chz_bag_args a) {
         const int64_t row = a.indices[i + r];
         CHZ_KERNEL_ASSERT(row < a.num_rows);
         const bool pad = row == a.padding_idx;
-        sum += pad ? 0.f : column[row * a.weight_stride0];
+        sum += pad ? 0.f : chz_value(a, column, row, feature);
         pads += pad ? 1 : 0;
       }
     }
@@ -148,20 +247,61 @@ __global__ void chz_rpf_kernel(const chz_bag_args a) {
 }
 
 // ----------------------------------------------------------------------- warp
-// A group of G lanes (G = next power of two >= D/4, at most 32) owns one bag; lane l
-// owns float4 columns l, l+G, ... (V of them). The group loads G indices at once
+// A group of G lanes (G = next power of two >= D/W, at most 32, W = 16 / element bytes:
+// 4 fp32, 8 fp16/bf16, 16 int8 elements per 16-byte vector) owns one bag; lane l owns
+// vector columns l, l+G, ... (V of them). The group loads G indices at once
 // (coalesced, bounds-checked like base; offset2bag written alongside). Then, per U
 // rows: an index phase (U shuffles broadcast the rows; a row past the bag's end or
 // the padding row is redirected to chz_zero_row, so no load is conditional) and a row
-// phase (U*V independent 16-byte loads, all issued before the first add), so a warp
-// keeps U*V float4 per lane, U whole rows at D=128, in flight instead of base's one
-// 128-byte chunk. Columns past D (D/4 not a multiple of G) read the row's last float4
-// and are never stored. __launch_bounds__(256, 2) lets ptxas keep the U*V loads in
-// registers (up to 128 per thread): with the default budget it interleaves the adds
-// between the loads on sm_80 (about two rows in flight, checked in the SASS). Needs
-// D % 4 == 0, D <= 1024 and a 16-byte aligned, contiguous table.
-constexpr int kMaxVec = 256;  // float4 columns per row at D = 1024
+// phase (U*V independent 16-byte loads, plus each int8 row's scale and bias, all
+// issued before the first add), so a warp keeps U*V vectors per lane, U whole rows at
+// D=128, in flight instead of base's one 128-byte chunk. Columns past D (D/W not a
+// multiple of G) read the row's last vector and are never stored.
+// __launch_bounds__(256, 2) lets ptxas keep the U*V loads in registers (up to 128 per
+// thread): with the default budget it interleaves the adds between the loads on sm_80
+// (about two rows in flight, checked in the SASS). Needs D % W == 0, D <= 1024 and
+// 16-byte aligned rows (contiguous for fp32/fp16/bf16; int8 rows padded to 16 bytes).
+constexpr int kMaxVec = 256;  // float4 columns per row at D = 1024 fp32 (4 KiB: any dtype's row + qparams)
+// 16-byte vectors per lane at D = 1024: 8 fp32, 4 fp16/bf16, 2 int8 (larger V is never launched, so not built)
+constexpr int kMaxPerLane = 1024 / kVecElems / 32;
 __device__ const float4 chz_zero_row[kMaxVec] = {};
+
+// An int8 row's scale and bias in one aligned load: the warp kernel's rows are 16-byte
+// aligned and D % 16 == 0, so they sit at an 8-byte (int8h: 4-byte) aligned offset.
+// (A template, so the other dtypes' branches are discarded, not compiled.)
+template <int kD = kDtype>
+__device__ __forceinline__ chz_qraw chz_load_qparams_pair(const unsigned char* row, int64_t dim) {
+  if constexpr (kD == CHZ_INT8) {
+    const float2 q = *reinterpret_cast<const float2*>(row + dim);
+    return {(chz_qstore)q.x, (chz_qstore)q.y};
+  } else if constexpr (kD == CHZ_INT8H) {
+    const unsigned w = *reinterpret_cast<const unsigned*>(row + dim);
+    return {(chz_qstore)(w & 0xffffu), (chz_qstore)(w >> 16)};
+  } else {
+    return {};
+  }
+}
+
+// acc[0..W) += the W elements packed in one 16-byte vector, decoded (int8: x scale; the
+// row's bias is summed once per row into the bag's bias, not once per element).
+__device__ __forceinline__ void chz_accumulate(float (&acc)[kVecElems], const uint4& v, float scale) {
+  const unsigned w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if constexpr (kDtype == CHZ_FP32) {
+      acc[i] += __uint_as_float(w[i]);
+    } else if constexpr (kDtype == CHZ_FP16) {
+      acc[2 * i] += chz_half_bits(w[i] & 0xffffu);
+      acc[2 * i + 1] += chz_half_bits(w[i] >> 16);
+    } else if constexpr (kDtype == CHZ_BF16) {
+      acc[2 * i] += __uint_as_float(w[i] << 16);
+      acc[2 * i + 1] += __uint_as_float(w[i] & 0xffff0000u);
+    } else {
+#pragma unroll
+      for (int b = 0; b < 4; ++b) acc[4 * i + b] += (float)((w[i] >> (8 * b)) & 0xffu) * scale;
+    }
+  }
+}
 
 template <int V, int U>
 __global__ void __launch_bounds__(256, 2) chz_warp_kernel(const chz_bag_args a, int group) {
@@ -171,8 +311,10 @@ __global__ void __launch_bounds__(256, 2) chz_warp_kernel(const chz_bag_args a, 
   const unsigned gmask = group == 32 ? 0xffffffffu : (((1u << group) - 1u) << (g_in_warp * group));
   const int groups_per_warp = 32 / group;
   const int64_t groups_per_block = (int64_t)(blockDim.x / 32) * groups_per_warp;
-  const int64_t nvec = a.dim / 4;
-  const float4* table = reinterpret_cast<const float4*>(a.weight);
+  const int64_t nvec = a.dim / kVecElems;
+  const uint4* table = reinterpret_cast<const uint4*>(a.weight);
+  const uint4* zero = reinterpret_cast<const uint4*>(chz_zero_row);
+  const int64_t row_vecs = kQparamBytes > 0 ? a.weight_stride0 / 16 : nvec;  // 16-byte vectors between rows
   float4* out = reinterpret_cast<float4*>(a.output);
   int64_t col[V];  // this lane's columns, clamped into the row
 #pragma unroll
@@ -184,9 +326,12 @@ __global__ void __launch_bounds__(256, 2) chz_warp_kernel(const chz_bag_args a, 
   for (int64_t bag = first; bag < a.num_bags; bag += (int64_t)gridDim.x * groups_per_block) {
     const int64_t begin = chz_bag_begin(a, bag);
     const int64_t end = chz_bag_end(a, bag);
-    float4 acc[V];
+    float acc[V][kVecElems];
 #pragma unroll
-    for (int k = 0; k < V; ++k) acc[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int k = 0; k < V; ++k)
+#pragma unroll
+      for (int e = 0; e < kVecElems; ++e) acc[k][e] = 0.f;
+    float bias = 0.f;  // int8: the bias of every row added, added to each element at the end
     int64_t count = 0;
     for (int64_t tile = begin; tile < end; tile += group) {
       const int64_t i = tile + g_lane;
@@ -199,38 +344,52 @@ __global__ void __launch_bounds__(256, 2) chz_warp_kernel(const chz_bag_args a, 
       }
       const int n = (int)(end - tile < group ? end - tile : group);
       for (int j = 0; j < n; j += U) {
-        const float4* row[U];  // index phase
+        const uint4* row[U];  // index phase
 #pragma unroll
         for (int u = 0; u < U; ++u) {
           const int64_t r = __shfl_sync(gmask, mine, j + u, group);
-          row[u] = j + u < n && r != a.padding_idx ? table + r * nvec : chz_zero_row;
+          row[u] = j + u < n && r != a.padding_idx ? table + r * row_vecs : zero;
         }
-        float4 v[U][V];  // row phase: every load issued before the first add
+        uint4 v[U][V];  // row phase: every load issued before the first add
+        chz_qraw q[U];
 #pragma unroll
-        for (int u = 0; u < U; ++u)
+        for (int u = 0; u < U; ++u) {
 #pragma unroll
           for (int k = 0; k < V; ++k) v[u][k] = __ldg(row[u] + col[k]);
+          q[u] = chz_load_qparams_pair(reinterpret_cast<const unsigned char*>(row[u]), a.dim);
+        }
 #pragma unroll
-        for (int u = 0; u < U; ++u)
+        for (int u = 0; u < U; ++u) {
+          const chz_qparams d = chz_decode_qparams(q[u]);
+          if constexpr (kQparamBytes > 0) bias += d.bias;
 #pragma unroll
-          for (int k = 0; k < V; ++k) {
-            acc[k].x += v[u][k].x;
-            acc[k].y += v[u][k].y;
-            acc[k].z += v[u][k].z;
-            acc[k].w += v[u][k].w;
-          }
+          for (int k = 0; k < V; ++k) chz_accumulate(acc[k], v[u][k], d.scale);
+        }
       }
     }
     for (int s = group / 2; s > 0; s /= 2) count += __shfl_xor_sync(gmask, count, s, group);
+    if constexpr (kQparamBytes > 0) {
+#pragma unroll
+      for (int k = 0; k < V; ++k)
+#pragma unroll
+        for (int e = 0; e < kVecElems; ++e) acc[k][e] += bias;
+    }
     if (a.mode == CHZ_MODE_MEAN && count > 0) {
       const float n = (float)count;
 #pragma unroll
-      for (int k = 0; k < V; ++k) acc[k] = make_float4(acc[k].x / n, acc[k].y / n, acc[k].z / n, acc[k].w / n);
+      for (int k = 0; k < V; ++k)
+#pragma unroll
+        for (int e = 0; e < kVecElems; ++e) acc[k][e] /= n;
     }
 #pragma unroll
     for (int k = 0; k < V; ++k) {
       const int64_t c = g_lane + (int64_t)k * group;
-      if (c < nvec) out[bag * nvec + c] = acc[k];
+      if (c < nvec) {
+#pragma unroll
+        for (int e = 0; e < kVecElems / 4; ++e)
+          out[(bag * a.dim + c * kVecElems) / 4 + e] =
+              make_float4(acc[k][4 * e], acc[k][4 * e + 1], acc[k][4 * e + 2], acc[k][4 * e + 3]);
+      }
     }
     if (g_lane == 0) a.bag_size[bag] = count;
   }
@@ -239,32 +398,34 @@ __global__ void __launch_bounds__(256, 2) chz_warp_kernel(const chz_bag_args a, 
 // --------------------------------------------------------------- L2 pre-pass
 // Issue prefetch.global.L2::evict_last for every 32-byte sector of each hot row, so
 // the rows sit in L2 with evict-last priority before the lookup kernel runs. K rows
-// of D floats cost K*ceil(4D/32) prefetches (60K x 16 ~ 1M for the paper's shape).
-// Row r starts at weight + r*stride0 (a view of a wider table has stride0 > D); its
-// elements are stride1 apart: a row spanning less than a sector per element is
-// prefetched sector by sector, one with elements a sector or more apart element by
-// element.
+// of D fp32 cost K*ceil(4D/32) prefetches (60K x 16 ~ 1M for the paper's shape).
+// Row r starts at weight + r*stride0 elements of the dtype (a view of a wider table
+// has stride0 > D); its elements are stride1 apart: a row spanning less than a sector
+// per element is prefetched sector by sector, one with elements a sector or more
+// apart element by element. An int8 row's span includes its scale and bias.
 constexpr int64_t kSectorBytes = 32;
 
 // Prefetch slots per row: the sectors an unaligned span can touch, or one per element.
+__host__ __device__ inline int64_t chz_pin_span(int64_t dim, int64_t stride1) {
+  return ((dim - 1) * stride1 + 1) * (int64_t)kElemBytes + kQparamBytes;
+}
 __host__ __device__ inline int64_t chz_pin_slots(int64_t dim, int64_t stride1) {
-  if (stride1 * (int64_t)sizeof(float) >= kSectorBytes) return dim;
-  const int64_t span = ((dim - 1) * stride1 + 1) * (int64_t)sizeof(float);
-  return span / kSectorBytes + 2;
+  if (stride1 * (int64_t)kElemBytes >= kSectorBytes) return dim;
+  return chz_pin_span(dim, stride1) / kSectorBytes + 2;
 }
 
-__global__ void chz_l2_pin_kernel(const float* weight, int64_t dim, int64_t stride0, int64_t stride1,
+__global__ void chz_l2_pin_kernel(const void* weight, int64_t dim, int64_t stride0, int64_t stride1,
                                   const int64_t* hot_rows, int64_t num_hot) {
   const int64_t slots = chz_pin_slots(dim, stride1);
-  const bool spread = stride1 * (int64_t)sizeof(float) >= kSectorBytes;
-  const int64_t span = ((dim - 1) * stride1 + 1) * (int64_t)sizeof(float);
+  const bool spread = stride1 * (int64_t)kElemBytes >= kSectorBytes;
+  const int64_t span = chz_pin_span(dim, stride1);
   const int64_t total = num_hot * slots;
   const int64_t stride = (int64_t)gridDim.x * blockDim.x;
   for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < total; t += stride) {
     const int64_t slot = t % slots;
-    const float* row = weight + hot_rows[t / slots] * stride0;
+    const char* row = reinterpret_cast<const char*>(weight) + hot_rows[t / slots] * stride0 * kElemBytes;
     if (spread) {
-      CHZ_PREFETCH_L2_EVICT_LAST(reinterpret_cast<const void*>(row + slot * stride1));
+      CHZ_PREFETCH_L2_EVICT_LAST(reinterpret_cast<const void*>(row + slot * stride1 * kElemBytes));
       continue;
     }
     const char* start = reinterpret_cast<const char*>(row);
@@ -280,6 +441,13 @@ static int chz_check(const chz_bag_args* a) {
   if (a->num_indices > 0 && (!a->indices || !a->offset2bag)) return CHZ_ERR_BAD_ARGUMENT;
   if (a->mode != CHZ_MODE_SUM && a->mode != CHZ_MODE_MEAN) return CHZ_ERR_BAD_ARGUMENT;
   if (a->weight_stride0 < 0 || a->weight_stride1 < 0) return CHZ_ERR_BAD_ARGUMENT;
+  if (a->dtype != kDtype) return CHZ_ERR_DTYPE;
+  if constexpr (kQparamBytes > 0) {  // int8: contiguous values, then the aligned scale and bias inside the row
+    constexpr int64_t align = kQparamBytes > 0 ? kQparamBytes / 2 : 1;  // scale + bias alignment
+    if (a->weight_stride1 != 1 || a->weight_stride0 < a->dim + kQparamBytes || a->dim % align ||
+        a->weight_stride0 % align || (uintptr_t)a->weight % align)
+      return CHZ_ERR_UNSUPPORTED;
+  }
   return CHZ_OK;
 }
 
@@ -338,9 +506,9 @@ CHZ_EXPORT int chz_forward_rpf(const chz_bag_args* a, const chz_launch* l, void*
   return CHZ_ERR_BAD_ARGUMENT;
 }
 
-// Lanes per bag for the warp kernel: the next power of two covering D/4 float4s.
+// Lanes per bag for the warp kernel: the next power of two covering the row's 16-byte vectors.
 CHZ_EXPORT int chz_warp_group(int64_t dim) {
-  const int64_t nvec = dim / 4;
+  const int64_t nvec = dim / kVecElems;
   int group = 1;
   while (group < 32 && group < nvec) group *= 2;
   return group;
@@ -348,23 +516,28 @@ CHZ_EXPORT int chz_warp_group(int64_t dim) {
 
 CHZ_EXPORT int chz_forward_warp(const chz_bag_args* a, const chz_launch* l, void* stream) {
   if (int e = chz_check(a)) return e;
-  if (a->dim % 4 != 0 || ((uintptr_t)a->weight % 16) != 0 || ((uintptr_t)a->output % 16) != 0 ||
-      a->weight_stride1 != 1 || a->weight_stride0 != a->dim || a->per_sample_weights)
+  const bool rows_ok = kQparamBytes > 0 ? a->weight_stride0 % 16 == 0 : a->weight_stride0 == a->dim;
+  if (a->dim % kVecElems != 0 || ((uintptr_t)a->weight % 16) != 0 || ((uintptr_t)a->output % 16) != 0 ||
+      a->weight_stride1 != 1 || !rows_ok || a->per_sample_weights)
     return CHZ_ERR_UNSUPPORTED;
   if (l->block_x % 32 != 0 || l->block_y != 1) return CHZ_ERR_BAD_ARGUMENT;
   if (a->num_bags == 0) return CHZ_OK;
   const int group = chz_warp_group(a->dim);
-  const int64_t per_lane = (a->dim / 4 + group - 1) / group;  // float4 columns per lane
+  const int64_t per_lane = (a->dim / kVecElems + group - 1) / group;  // 16-byte columns per lane
   if (per_lane <= 1) return chz_launch_warp<1, 8>(a, l, stream, group);
   if (per_lane <= 2) return chz_launch_warp<2, 4>(a, l, stream, group);
-  if (per_lane <= 4) return chz_launch_warp<4, 2>(a, l, stream, group);
-  if (per_lane <= 8) return chz_launch_warp<8, 1>(a, l, stream, group);
+  if constexpr (kMaxPerLane >= 4) {  // only the vectors per lane D <= 1024 can need are built
+    if (per_lane <= 4) return chz_launch_warp<4, 2>(a, l, stream, group);
+  }
+  if constexpr (kMaxPerLane >= 8) {
+    if (per_lane <= 8) return chz_launch_warp<8, 1>(a, l, stream, group);
+  }
   return CHZ_ERR_UNSUPPORTED;  // D > 1024
 }
 
-// Pin the hot rows of a table whose rows are stride0 floats apart and whose elements
-// are stride1 floats apart (torch's weight.stride(0), weight.stride(1)).
-CHZ_EXPORT int chz_l2_pin(const float* weight, int64_t dim, int64_t stride0, int64_t stride1, const int64_t* hot_rows,
+// Pin the hot rows of a table whose rows are stride0 elements apart and whose elements
+// are stride1 elements apart (torch's weight.stride(0), weight.stride(1); int8: bytes).
+CHZ_EXPORT int chz_l2_pin(const void* weight, int64_t dim, int64_t stride0, int64_t stride1, const int64_t* hot_rows,
                           int64_t num_hot, void* stream) {
   if (num_hot < 0 || dim <= 0 || stride0 < 0 || stride1 < 0 || (num_hot > 0 && (!weight || !hot_rows)))
     return CHZ_ERR_BAD_ARGUMENT;
@@ -480,8 +653,10 @@ CHZ_EXPORT int chz_kernel_info(const char* which, int block, int* blocks_per_sm,
   if (!strcmp(w, "rpf8")) return chz_info(chz_rpf_kernel<8>, block, blocks_per_sm, registers);
   if (!strcmp(w, "warp1")) return chz_info(chz_warp_kernel<1, 8>, block, blocks_per_sm, registers);
   if (!strcmp(w, "warp2")) return chz_info(chz_warp_kernel<2, 4>, block, blocks_per_sm, registers);
-  if (!strcmp(w, "warp4")) return chz_info(chz_warp_kernel<4, 2>, block, blocks_per_sm, registers);
-  if (!strcmp(w, "warp8")) return chz_info(chz_warp_kernel<8, 1>, block, blocks_per_sm, registers);
+  if constexpr (kMaxPerLane >= 4)
+    if (!strcmp(w, "warp4")) return chz_info(chz_warp_kernel<4, 2>, block, blocks_per_sm, registers);
+  if constexpr (kMaxPerLane >= 8)
+    if (!strcmp(w, "warp8")) return chz_info(chz_warp_kernel<8, 1>, block, blocks_per_sm, registers);
   return CHZ_ERR_BAD_ARGUMENT;
 #endif
 }
@@ -493,9 +668,14 @@ CHZ_EXPORT const char* chz_error_string(int code) {
     case CHZ_ERR_BAD_ARGUMENT: return "bad argument (null pointer, negative size or unknown mode)";
     case CHZ_ERR_UNSUPPORTED: return "shape not supported by this variant";
     case CHZ_ERR_EMULATION: return "the CPU emulator detected a kernel bug";
+    case CHZ_ERR_DTYPE: return "the table's dtype is not the one this library was built for";
   }
   return cudaGetErrorString((cudaError_t)code);
 }
+
+// The dtype this library's kernels read (chz_dtype) and the bytes of an int8 row's scale + bias.
+CHZ_EXPORT int chz_dtype() { return kDtype; }
+CHZ_EXPORT int chz_qparam_bytes() { return kQparamBytes; }
 
 CHZ_EXPORT int chz_is_emulated() {
 #if defined(CHZ_EMULATE)
