@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from characterize.kernels.build import build_many, cache_root
-from characterize.kernels.sass import plan_variants
+from characterize.kernels.static import plan_variants
 
 ARCHS = ("sm_80", "sm_90")
 

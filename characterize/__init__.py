@@ -37,6 +37,11 @@ _API = {
     "gmae": "analysis.calibrate", "compare_to_measured": "analysis.calibrate", "fit_run": "analysis.calibrate",
     "load_calibration": "analysis.calibrate", "predict_experiment": "analysis.model.predict",
     "paper_claims": "analysis.claims", "PAPER_CLAIMS": "analysis.claims",
+    # one Nsight Compute report's kernels: speed of light, weighted stalls, roofline, matching
+    "kernel_summary": "analysis.ncu", "weighted_stalls": "analysis.ncu", "roofline": "analysis.ncu",
+    "match_kernels": "analysis.compare", "compare_all": "analysis.compare",
+    # the DLRM step
+    "e2e": "pipeline",
     # report
     "render_report": "report.render",
 }

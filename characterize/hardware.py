@@ -103,6 +103,11 @@ class GpuSpec:
     hbm_efficiency: float = 0.85        # achievable fraction of hbm_GBps for row gathers
     launch_overhead_us: float = 3.0     # per back-to-back kernel launch
     model_sources: str = _MODEL_SRC
+    # dense peak arithmetic (TFLOP/s, no sparsity) and host link, for the end-to-end model
+    fp32_TFLOPS: float = 19.5           # CUDA cores
+    tf32_TFLOPS: float = 156.0          # tensor cores: what fp32 matmuls use with TF32 enabled
+    fp16_TFLOPS: float = 312.0          # tensor cores
+    pcie_GBps: float = 25.0             # achievable host-to-device copy bandwidth (PCIe 4.0 x16)
 
     def rows_in_l2(self, row_bytes: int) -> int:
         """Table rows of `row_bytes` that fit the whole L2."""
@@ -121,13 +126,16 @@ _A100_SRC = (
     "NVIDIA A100 Tensor Core GPU Architecture whitepaper (2020): 108 SMs, 40 MB L2, "
     "HBM2e 2039 GB/s (80 GB SXM) / 1555 GB/s (40 GB); persisting L2 up to 30 MB per "
     "CUDA C++ Best Practices Guide; latencies: Chips and Cheese / Jia et al. "
-    "microbenchmarks (L2 ~200 ns, DRAM ~450-500 ns)"
+    "microbenchmarks (L2 ~200 ns, DRAM ~450-500 ns); dense peaks (A100 datasheet): FP32 19.5, "
+    "TF32 156, FP16 312 TFLOP/s; PCIe 4.0 x16 host link"
 )
 _H100_SRC = (
     "NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022): SXM5 132 SMs, 50 MB "
     "L2, HBM3 3.35 TB/s; H200 product brief: 141 GB HBM3e 4.8 TB/s; persisting L2 "
     "assumed 75% of L2 as on A100 (the driver reports the real value); latencies: "
-    "Chips and Cheese H100 microbenchmarks (L2 ~260 ns far partition, DRAM ~480 ns)"
+    "Chips and Cheese H100 microbenchmarks (L2 ~260 ns far partition, DRAM ~480 ns); dense peaks "
+    "(H100 SXM datasheet): FP32 67, TF32 494.7, FP16 989.4 TFLOP/s (half the sparse figures); "
+    "PCIe 5.0 x16 host link"
 )
 
 GPUS: dict[str, GpuSpec] = {}
@@ -144,20 +152,25 @@ _add(GpuSpec("a100-40gb", "NVIDIA A100-SXM4-40GB", "sm_80", 108, 40 * MiB, 30 * 
 _add(GpuSpec("a10", "NVIDIA A10", "sm_86", 72, 6 * MiB, int(4.5 * MiB), 24 * GiB,
              600.0, 2000.0, 1695, 885, 220.0, 520.0,
              "NVIDIA A10 datasheet: 72 SMs, 6 MB L2, GDDR6 600 GB/s; persisting L2 75% of L2 (assumed)",
-             ("sm_86",), l1_data_bytes=96 * KiB, l1_latency_ns=22.0))
+             ("sm_86",), l1_data_bytes=96 * KiB, l1_latency_ns=22.0,
+             fp32_TFLOPS=31.2, tf32_TFLOPS=62.5, fp16_TFLOPS=125.0))
 _add(GpuSpec("l4", "NVIDIA L4", "sm_89", 58, 48 * MiB, 36 * MiB, 24 * GiB,
              300.0, 2500.0, 2040, 795, 230.0, 560.0,
              "NVIDIA L4 datasheet: 58 SMs, 48 MB L2, GDDR6 300 GB/s; persisting L2 75% of L2 (assumed)",
-             ("sm_89",), l1_data_bytes=96 * KiB, l1_latency_ns=18.0))
+             ("sm_89",), l1_data_bytes=96 * KiB, l1_latency_ns=18.0,
+             fp32_TFLOPS=30.3, tf32_TFLOPS=60.0, fp16_TFLOPS=121.0))
 _add(GpuSpec("h100-sxm", "NVIDIA H100 80GB HBM3", "sm_90", 132, 50 * MiB, int(37.5 * MiB), 80 * GiB,
              3350.0, 7500.0, 1980, 1590, 260.0, 480.0, _H100_SRC, ("h100", "sm_90"),
-             l1_data_bytes=224 * KiB, l1_latency_ns=20.0))
+             l1_data_bytes=224 * KiB, l1_latency_ns=20.0,
+             fp32_TFLOPS=67.0, tf32_TFLOPS=494.7, fp16_TFLOPS=989.4, pcie_GBps=50.0))
 _add(GpuSpec("h800", "NVIDIA H800", "sm_90", 132, 50 * MiB, int(37.5 * MiB), 80 * GiB,
              3350.0, 7500.0, 1980, 1590, 260.0, 480.0, _H100_SRC, (),
-             l1_data_bytes=224 * KiB, l1_latency_ns=20.0))
+             l1_data_bytes=224 * KiB, l1_latency_ns=20.0,
+             fp32_TFLOPS=67.0, tf32_TFLOPS=494.7, fp16_TFLOPS=989.4, pcie_GBps=50.0))
 _add(GpuSpec("h200", "NVIDIA H200", "sm_90", 132, 50 * MiB, int(37.5 * MiB), 141 * 10**9,
              4800.0, 7500.0, 1980, 1590, 260.0, 470.0, _H100_SRC, (),
-             l1_data_bytes=224 * KiB, l1_latency_ns=20.0))
+             l1_data_bytes=224 * KiB, l1_latency_ns=20.0,
+             fp32_TFLOPS=67.0, tf32_TFLOPS=494.7, fp16_TFLOPS=989.4, pcie_GBps=50.0))
 
 #: the paper's GPU (A100): what CPU emulation sizes its L2 after and the claims are checked on
 REFERENCE_ARCH = "sm_80"

@@ -49,10 +49,12 @@ def test_shipped_experiments_load():
 def test_predict_reuses_static_rows_that_cover_it(monkeypatch):
     exp = pipeline.load_experiment("quick")
     called = []
-    monkeypatch.setattr(pipeline, "static_frame", lambda *a, **k: called.append(a) or pd.DataFrame())
-    rows = [{"variant": v, "arch": "sm_80", "role": "lookup", "sweep": False, "blocks_per_sm": 4, "registers": 54}
-            for v in ("base", *exp.variants)]
-    pipeline.predict(exp, ["sm_80"], static=pd.DataFrame(rows))
+    monkeypatch.setattr(pipeline, "code_facts", lambda *a, **k: called.append(a))
+    rows = [{"variant": v, "arch": "sm_80", "role": "lookup", "sweep": False, "blocks_per_sm": 4, "registers": 54,
+             "latencies_per_iteration": 4.8, "lookups_per_iteration": 4, "rows_in_flight": 0.83,
+             "instructions_per_lookup": 32.0} for v in ("base", *exp.variants)]
+    code = pipeline.CodeFacts(exp.workload.D, pd.DataFrame(rows), pd.DataFrame(rows))
+    pipeline.predict(exp, ["sm_80"], code=code)
     assert not called
 
 
@@ -64,6 +66,7 @@ def test_a_run_without_a_gpu_characterizes_statically_and_reports(tmp_path):
     assert outcome.steps["bench"].startswith("skipped: no CUDA GPU")
     run = load_run(outcome.path)
     assert set(run.static["variant"]) == {"base", "optmt", "warp"}
+    assert set(run.sass["variant"]) == {"base", "optmt", "warp"} and (run.sass["local_mem_ops"] == 0).all()
     assert set(run.predictions["variant"]) >= {"base", "optmt", "warp"}
     assert len(run.model_validation) >= 4
     assert outcome.report is not None and outcome.report.is_file()

@@ -181,7 +181,8 @@ def _least_squares(residuals: Callable[[np.ndarray], np.ndarray], x0: np.ndarray
     return x
 
 
-def fit_run(run: Any, gpu: str | None = None, *, static: Any = None, fit: Sequence[str] = FIT_DEFAULT, prior_weight: float = 0.02,
+def fit_run(run: Any, gpu: str | None = None, *, static: Any = None, sass: Any = None,
+            fit: Sequence[str] = FIT_DEFAULT, prior_weight: float = 0.02,
             hit_weight: float = 1.0, progress: Progress | None = None) -> Calibration:
     """Fit the constants named in `fit` to a measured run (store.load_run() or a path).
 
@@ -209,11 +210,16 @@ def fit_run(run: Any, gpu: str | None = None, *, static: Any = None, fit: Sequen
         if static.empty or "arch" not in static.columns or spec.arch not in set(static["arch"]):
             raise RunDirError(f"{run.path}: static.csv has no rows for {spec.arch}; the model needs them "
                               "(`characterize calibrate` compiles them)")
+    if sass is None:
+        sass = run.sass
+        if sass.empty or "arch" not in sass.columns or spec.arch not in set(sass["arch"]):
+            raise RunDirError(f"{run.path}: sass.csv has no rows for {spec.arch}; the model needs them "
+                              "(`characterize calibrate` disassembles the builds)")
     profiles: dict[str, TraceProfile] = {}
     index: dict[tuple[str, str, str], _Point] = {}
     for mode, sub in times.groupby("mode"):
         pts = _prepare(exp.workload, sorted(sub["dataset"].unique()), sorted(sub["variant"].unique()), [spec],
-                       exp.params, static, 1, mode, profiles, progress)
+                       exp.params, static, sass, 1, mode, profiles, progress)
         index.update({(p.variant, p.dataset, mode): p for p in pts})
     timed = [(index[(r.variant, r.dataset, r.mode)], r.measured_us) for r in times.itertuples()]
     steady = {(p.variant, p.dataset): p for (v, d, m), p in index.items() if m == "steady"}

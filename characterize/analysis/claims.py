@@ -42,12 +42,12 @@ CLAIM_VARIANTS = ("base", "optmt", "l2p", "combined")
 
 # ------------------------------------------------------------ paper's claims
 def paper_claims(workload: WorkloadConfig | None = None, gpu: str | GpuSpec = CLAIM_ARCH,
-                 constants: ModelConstants | None = None, static: Any = None) -> pd.DataFrame:
+                 constants: ModelConstants | None = None, static: Any = None, sass: Any = None) -> pd.DataFrame:
     """The model against the MICRO 2024 paper's A100 claims (paper config on sm_80 by
     default). A ratio claim agrees when the model's gain (ratio - 1) is within 25% of
     the paper's; an 'up to' claim takes the model's best dataset."""
     wl = workload or WorkloadConfig.paper()
-    df = predict(wl, list(HOTNESS_ORDER), list(CLAIM_VARIANTS), [gpu], constants=constants, static=static)
+    df = predict(wl, list(HOTNESS_ORDER), list(CLAIM_VARIANTS), [gpu], constants=constants, static=static, sass=sass)
     t = df.pivot(index="dataset", columns="variant", values="time_us")
     s = df.pivot(index="dataset", columns="variant", values="speedup_vs_base")
 

@@ -9,7 +9,7 @@ import their stage when invoked: the pipeline loads torch, numba and matplotlib
 """
 
 
-from characterize.cli import measure, model, results, sass, static, workload  # noqa: F401  (registers the commands)
+from characterize.cli import e2e, measure, model, results, sass, static, workload  # noqa: F401  (registers the commands)
 from characterize.cli.base import main
 
 __all__ = ["main"]

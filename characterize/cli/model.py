@@ -11,7 +11,7 @@ import click
 from characterize.cli.base import main
 
 #: keys of every object `predict --json` prints
-PREDICT_KEYS = ("variant", "dataset", "arch", "gpu", "l2_hit_rate_pct", "dram_bytes", "time_us", "time_us_low",
+PREDICT_KEYS = ("variant", "dtype", "dataset", "arch", "gpu", "l2_hit_rate_pct", "dram_bytes", "time_us", "time_us_low",
                 "time_us_high", "speedup_vs_base",
                 "bound", "constants")
 

@@ -34,29 +34,33 @@ Locality, computed once per dataset and shared by every variant and GPU
   (phiD = 1 - max(h2, l1)); l2_hit_rate_pct = phi2 / (phi2 + phiD), the rate of row
   requests reaching L2.
 
-Latency (lambda1, lambda2, lambdaD: L1, L2, DRAM load-to-use)
-  t_row = phi1 lambda1 + phi2 lambda2 + phiD lambdaD.
+Latency (lambda1, lambda2, lambdaD: L1, L2, DRAM load-to-use), from the code itself
+  The hot loop of each kernel is read from its SASS (kernels.sass): the in-order replay
+  gives the memory latencies a warp serializes per iteration (a), the lookups one
+  iteration gathers (n) and the row loads it keeps in flight (U). Nothing is assumed
+  from a variant's name: a "prefetching" kernel whose compiled loop waits on every row
+  is modelled as waiting on every row. One wait covers U rows and lasts as long as the
+  slowest of them:
+      E[max] = lambda1 phi1^U + lambda2 ((phi1+phi2)^U - phi1^U) + lambdaD (1 - (phi1+phi2)^U)
+  (U = 1: t_row = phi1 lambda1 + phi2 lambda2 + phiD lambdaD), so a lookup costs
+      step = (a / n) E[max].
   Thread per (bag, feature) kernels (base, optmt, l2p, l2w, rpf, combined; torch is
-  modelled as base): each iteration loads an 8-byte index, then the row element it
-  addresses. Four indices share a 32-byte sector that is new every launch, so
-  t_idx = 3/4 lambda1 + 1/4 lambdaD. With P rows prefetched (rpf/combined; 0 for base)
-  the index->row chain overlaps P+1 ways while index loads stay serial:
-      t_iter = max(t_idx, (t_idx + t_row) / (P + 1)),
-  and a warp's task, one (bag, 32-feature chunk), takes L t_iter.
-  warp: per tile of G indices one coalesced index load (lambdaD), then steps of U
-  independent full-row loads consumed together, each costing the expected slowest
-      E[max] = lambda1 phi1^U + lambda2 ((phi1+phi2)^U - phi1^U) + lambdaD (1 - (phi1+phi2)^U).
+  modelled as base): a warp's task, one (bag, 32-feature chunk), takes L step; base
+  issues the next index load before it waits on the current row, which a (about 1.2
+  latencies per lookup) carries.
+  warp: per tile of G indices one coalesced index load (lambdaD), then the rows of the
+  warp's 32/G bags: tiles lambdaD + L (32/G) step.
   Blocks carry equal work, so they run in waves: waves = ceil(blocks with work /
-  (blocks_per_sm SMs)), rounds = tasks per warp, and t_lat = waves rounds task. With
-  full waves this is requests x latency / parallelism, parallelism = resident warps x
-  rows in flight per warp (1 for base, P+1 for rpf, U for warp).
+  (blocks_per_sm SMs)), rounds = tasks per warp, and t_lat = waves rounds task.
+  Issue: the hot loop's instructions per lookup (SASS) x the warps a lookup needs
+  (chunks, or 1 for warp), over four schedulers per SM at the boost clock.
 
 Bandwidth
   DRAM bytes = N phiD R_s + N 8 (indices, streamed once) + B 8 (offsets) + B R (output)
                + N 8 (offset2bag) + B 8 (bag sizes)
   L2 bytes   = N (1 - phi1) R_s + the same streams
   L1 bytes   = 128-byte wavefronts issued (row loads and index loads)
-  time = max(t_lat, DRAM / (eta BW_hbm), L2 / BW_l2, L1 / BW_l1) + t_launch; `bound`
+  time = max(t_lat, DRAM / (eta BW_hbm), L2 / BW_l2, L1 / BW_l1, issue) + t_launch; `bound`
   names the largest term. The l2p pre-pass (K rows from DRAM) is reported apart, in
   prepass_us, as the paper and the runner report it.
 
@@ -64,5 +68,7 @@ Constants (ModelConstants): lambda1, lambda2, lambdaD, f, eta and t_launch per G
 defaults from hardware.GpuSpec (with sources there); `calibrate()` fits them to a
 measured run by least squares on log time (and on L2 hit rates where ncu measured
 them with --cache-control none) and stores them per GPU; predictions use them when
-present (column `constants`).
+present (column `constants`). time_us_low and time_us_high evaluate the same
+equations at the fast and slow ends of each constant's published range
+(constants.BAND).
 """

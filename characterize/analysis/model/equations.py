@@ -34,23 +34,26 @@ def _evaluate(p: _Point, c: ModelConstants) -> dict[str, Any]:
     lam1, lam2, lamd = c.l1_latency_ns, c.l2_latency_ns, c.dram_latency_ns
     t_row = phi1 * lam1 + phi2 * lam2 + phid * lamd
     N, B = p.lookups, p.bags
+    # one wait of the hot loop covers the rows in flight: it lasts as long as the slowest
+    U = max(1.0, p.sass_rows_in_flight)
+    a, b = phi1 ** U, (phi1 + phi2) ** U
+    wait = lam1 * a + lam2 * (b - a) + lamd * (1 - b)
+    step = p.latencies_per_lookup * wait             # per lookup a warp gathers
     if p.family == "chunk":
         miss = INDEX_BYTES / SECTOR
         t_idx = (1 - miss) * lam1 + miss * lamd
-        step = max(t_idx, (t_idx + t_row) / (p.prefetch + 1))
         task_ns = p.per_bag * step
         requests = N * p.chunks
+        warp_lookups = N * p.chunks                    # each (bag, 32-feature chunk) is one warp's task
         l1_bytes = 2 * N * p.chunks * WAVEFRONT      # a row-chunk and an index request per iteration
     else:
-        U, G = p.rows_per_step, p.group
-        a, b = phi1 ** U, (phi1 + phi2) ** U
-        step = lam1 * a + lam2 * (b - a) + lamd * (1 - b)
+        G = p.group
         t_idx = lamd
         L = max(int(round(p.per_bag)), 0)
         tiles = -(-L // G)
-        steps = (L // G) * -(-G // U) + -(-(L % G) // U)
-        task_ns = tiles * t_idx + steps * step
+        task_ns = tiles * t_idx + p.per_bag * (32 // G) * step   # a warp gathers the rows of 32/G bags
         requests = N / (32 // G)
+        warp_lookups = N
         l1_bytes = N * math.ceil(p.row_bytes / WAVEFRONT) * WAVEFRONT + N * INDEX_BYTES
     streams = N * INDEX_BYTES + B * INDEX_BYTES + B * p.row_bytes + N * INDEX_BYTES + B * INDEX_BYTES
     dram = N * phid * rs + streams
@@ -61,6 +64,8 @@ def _evaluate(p: _Point, c: ModelConstants) -> dict[str, Any]:
         "dram": dram / (c.hbm_efficiency * gpu.hbm_GBps),          # GB/s == bytes/ns
         "l2": l2_bytes / gpu.l2_GBps,
         "l1": l1_bytes / (gpu.l1_bytes_per_clk * gpu.sm_count * gpu.boost_clock_MHz / 1000),
+        # four schedulers per SM issue one warp instruction per cycle each
+        "issue": warp_lookups * p.instructions_per_lookup / (4 * gpu.sm_count * gpu.boost_clock_MHz / 1000),
     }
     bound = max(terms_ns, key=terms_ns.get)
     time_us = terms_ns[bound] / 1000 + c.launch_overhead_us
@@ -74,7 +79,8 @@ def _evaluate(p: _Point, c: ModelConstants) -> dict[str, Any]:
         "dram_bytes": dram, "l2_bytes": l2_bytes, "l1_bytes": l1_bytes,
         "latency_ns": t_row, "index_latency_ns": t_idx, "step_ns": step, "requests": requests,
         "latency_us": terms_ns["latency"] / 1000, "dram_us": terms_ns["dram"] / 1000,
-        "l2_us": terms_ns["l2"] / 1000, "l1_us": terms_ns["l1"] / 1000, "prepass_us": prepass,
+        "l2_us": terms_ns["l2"] / 1000, "l1_us": terms_ns["l1"] / 1000, "issue_us": terms_ns["issue"] / 1000,
+        "prepass_us": prepass,
     }
 
 

@@ -1,5 +1,6 @@
 """Model, geometry: what one table launch of a variant looks like on a GPU (bags, warps,
-waves, rows in flight), from the variant's shape and the static characterization.
+waves), from the variant's shape and the static characterization, and what each warp
+does per lookup (latencies serialized, rows in flight, instructions), from its SASS.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from characterize.analysis.model.locality import TraceProfile, sectors_per_row
 from characterize.config import WorkloadConfig
 from characterize.errors import ConfigError
 from characterize.hardware import GpuSpec
-from characterize.kernels.registry import Variant, get_variant, warp_group
+from characterize.kernels.registry import ELEMENT_BYTES, Variant, get_variant, vector_elems, warp_group
 
 
 # ------------------------------------------------------------- kernel shapes
@@ -28,8 +29,10 @@ class _Point:
     gpu: GpuSpec
     family: str             # chunk (thread per bag x feature) | warp (sub-warp per bag)
     l2: str                 # none | prefetch | window
-    prefetch: int           # P rows prefetched ahead (chunk family)
     rows_per_step: int      # U (warp family)
+    latencies_per_lookup: float   # memory latencies a warp serializes per lookup (SASS replay)
+    sass_rows_in_flight: float    # row loads a warp keeps in flight (SASS replay)
+    instructions_per_lookup: float  # hot-loop instructions a warp issues per lookup (SASS)
     blocks_per_sm: int
     registers: int
     warps_per_block: int
@@ -49,6 +52,7 @@ class _Point:
     mode: str               # steady | cold
     l1: np.ndarray          # sorted L1 distances
     note: str = ""
+    dtype: str = "fp32"     # table element type (row_bytes includes an int8 row's scale and bias)
 
     @property
     def waves(self) -> int:
@@ -60,18 +64,18 @@ class _Point:
         return min(self.blocks_per_sm, -(-self.blocks // self.gpu.sm_count)) * self.warps_per_block
 
     @property
-    def rows_in_flight(self) -> int:
-        """Independent row loads a warp keeps in flight."""
-        return self.prefetch + 1 if self.family == "chunk" else self.rows_per_step * (32 // self.group)
+    def rows_in_flight(self) -> float:
+        """Independent row loads a warp keeps in flight, as the SASS replay counts them."""
+        return self.sass_rows_in_flight
 
 
 def _geometry(v: Variant, wl: WorkloadConfig, bags: int) -> dict[str, Any]:
     """Launch geometry of the lookup kernel as the launchers in embedding_bag.cu set it."""
     warps_per_block = v.block_size // 32
     if v.name == "warp":
-        group = warp_group(wl.D)
-        per_lane = -(-(wl.D // 4) // group)
-        vec = next((x for x in (1, 2, 4, 8) if per_lane <= x), 8)   # float4s per lane; U = 8 / V
+        group = warp_group(wl.D, wl.dtype)
+        per_lane = -(-(wl.D // vector_elems(wl.dtype)) // group)
+        vec = next((x for x in (1, 2, 4, 8) if per_lane <= x), 8)   # 16-byte vectors per lane; U = 8 / V
         bags_per_block = warps_per_block * (32 // group)
         blocks = -(-bags // bags_per_block)
         return dict(family="warp", chunks=1, group=group, rows_per_step=8 // vec, warps_per_block=warps_per_block,
@@ -83,13 +87,23 @@ def _geometry(v: Variant, wl: WorkloadConfig, bags: int) -> dict[str, Any]:
     blocks = min(grid, -(-tasks // warps_per_block))
     rounds = -(-tasks // (grid * warps_per_block))
     return dict(family="chunk", chunks=chunks, group=32, rows_per_step=1, warps_per_block=warps_per_block,
-                blocks=blocks, rounds=rounds, bytes_per_load=min(v.block[0], wl.D) * 4,
+                blocks=blocks, rounds=rounds, bytes_per_load=min(v.block[0], wl.D) * ELEMENT_BYTES[wl.dtype],
                 block_num=chunks, block_den=warps_per_block)
 
 
-def _static_table(static: Any) -> dict[tuple[str, str], tuple[int, int]]:
+def _of_dtype(df: pd.DataFrame, dtype: str, what: str) -> pd.DataFrame:
+    """The rows of one dtype's build (rows without a dtype column are fp32 builds)."""
+    have = set(df["dtype"].fillna("fp32")) if "dtype" in df.columns else {"fp32"}
+    if dtype not in have:
+        raise ConfigError(f"the {what} rows are for {', '.join(sorted(have))}, not {dtype}; characterize the "
+                          f"{dtype} build (`characterize build --dtype {dtype}`, `characterize sass --dtype {dtype}`)")
+    return df[df["dtype"].fillna("fp32") == dtype] if "dtype" in df.columns else df
+
+
+def _static_table(static: Any, dtype: str = "fp32") -> dict[tuple[str, str], tuple[int, int]]:
     """(variant, arch) -> (blocks per SM, registers) of each lookup kernel as configured."""
     df = pd.DataFrame([r.to_dict() for r in static]) if isinstance(static, list) else pd.DataFrame(static)
+    df = _of_dtype(df, dtype, "static") if not df.empty else df
     need = {"variant", "arch", "blocks_per_sm", "registers"}
     if df.empty or not need <= set(df.columns):
         raise ConfigError(f"static rows need columns {', '.join(sorted(need))}")
@@ -100,17 +114,38 @@ def _static_table(static: Any) -> dict[tuple[str, str], tuple[int, int]]:
     return {(r.variant, r.arch): (int(r.blocks_per_sm), int(r.registers)) for r in df.itertuples()}
 
 
+def _sass_table(sass: Any, dtype: str = "fp32") -> dict[tuple[str, str], tuple[float, float, float]]:
+    """(variant, arch) -> (latencies per lookup, rows in flight, instructions per lookup)
+    of each lookup kernel's hot loop."""
+    df = pd.DataFrame([r.to_dict() for r in sass]) if isinstance(sass, list) else pd.DataFrame(sass)
+    df = _of_dtype(df, dtype, "SASS") if not df.empty else df
+    need = {"variant", "arch", "latencies_per_iteration", "lookups_per_iteration", "rows_in_flight",
+            "instructions_per_lookup"}
+    if df.empty or not need <= set(df.columns):
+        raise ConfigError(f"SASS rows need columns {', '.join(sorted(need))}")
+    if "role" in df.columns:
+        df = df[df["role"] == "lookup"]
+    return {(r.variant, r.arch): (float(r.latencies_per_iteration) / max(1.0, float(r.lookups_per_iteration)),
+                                  float(r.rows_in_flight), float(r.instructions_per_lookup))
+            for r in df.itertuples()}
+
+
 def _prepare(workload: WorkloadConfig, datasets: Sequence[str], variants: Sequence[str], gpus: Sequence[GpuSpec],
-             params: Mapping[str, dict[str, Any]], static: Any, tables: int, mode: str,
+             params: Mapping[str, dict[str, Any]], static: Any, sass: Any, tables: int, mode: str,
              profiles: dict[str, TraceProfile], progress: Progress | None) -> list[_Point]:
     names = list(dict.fromkeys(["base", *variants]))
     for v in names:
-        get_variant(v).check_shape(workload.D)
+        get_variant(v).check_shape(workload.D, workload.dtype)
     if static is None:
         raise ConfigError("the model needs each variant's static characterization (registers, occupancy); "
                           "pass static= rows (a run's static.csv), or call characterize.pipeline.predict, "
                           "which compiles them")
-    table = _static_table(static)
+    table = _static_table(static, workload.dtype)
+    if sass is None:
+        raise ConfigError("the model needs each variant's hot loop read from its SASS (rows in flight, "
+                          "instructions per lookup); pass sass= rows (a run's sass.csv), or call "
+                          "characterize.pipeline.predict, which disassembles the builds")
+    code = _sass_table(sass, workload.dtype)
     points = []
     for ds in datasets:
         if ds not in profiles:
@@ -124,8 +159,11 @@ def _prepare(workload: WorkloadConfig, datasets: Sequence[str], variants: Sequen
                 v = get_variant(name)
                 stand_in = name if v.compiled else "base"
                 if (stand_in, gpu.arch) not in table:
-                    raise ConfigError(f"no static characterization of {stand_in} for {gpu.arch}")
+                    raise ConfigError(f"no static characterization of {stand_in} for {gpu.arch} ({workload.dtype})")
                 blocks_per_sm, registers = table[(stand_in, gpu.arch)]
+                if (stand_in, gpu.arch) not in code:
+                    raise ConfigError(f"no SASS analysis of {stand_in} for {gpu.arch} ({workload.dtype})")
+                lat_per_lookup, in_flight, per_lookup = code[(stand_in, gpu.arch)]
                 model_v = v if v.compiled else get_variant("base")
                 p = v.resolve_params(params.get(name), gpu=gpu, row_bytes=workload.row_bytes)
                 geo = _geometry(model_v, workload, prof.bags)
@@ -134,14 +172,15 @@ def _prepare(workload: WorkloadConfig, datasets: Sequence[str], variants: Sequen
                 k_res = min(k, int(gpu.max_persisting_l2_bytes // rs))
                 points.append(_Point(
                     variant=name, dataset=ds, gpu=gpu, family=geo["family"], l2=v.l2,
-                    prefetch=p.get("P", 0),
-                    rows_per_step=geo["rows_per_step"], blocks_per_sm=blocks_per_sm, registers=registers,
+                    rows_per_step=geo["rows_per_step"], latencies_per_lookup=lat_per_lookup,
+                    sass_rows_in_flight=in_flight, instructions_per_lookup=per_lookup, blocks_per_sm=blocks_per_sm, registers=registers,
                     warps_per_block=geo["warps_per_block"], blocks=geo["blocks"], rounds=geo["rounds"],
                     lookups=prof.lookups_per_launch, bags=prof.bags, per_bag=per_bag, row_bytes=workload.row_bytes,
                     row_sector_bytes=rs, chunks=geo["chunks"], group=geo["group"], bytes_per_load=geo["bytes_per_load"],
                     pinned_rows=k_res, prepass_rows=k if v.l2 == "prefetch" else 0, profile=prof, mode=mode,
                     l1=prof.l1_distances(gpu.sm_count, geo["block_num"], geo["block_den"]),
-                    note="" if v.compiled else "PyTorch's kernel, modelled as base (same algorithm and launch)"))
+                    note="" if v.compiled else "PyTorch's kernel, modelled as base (same algorithm and launch)",
+                    dtype=workload.dtype))
     return points
 
 

@@ -15,12 +15,13 @@ from characterize.config import ExperimentConfig, WorkloadConfig
 from characterize.errors import ConfigError
 from characterize.hardware import GpuSpec, gpu_spec
 
-COLUMNS = ["variant", "dataset", "arch", "gpu", "mode", "constants", "time_us", "time_us_low", "time_us_high",
+COLUMNS = ["variant", "dtype", "dataset", "arch", "gpu", "mode", "constants", "time_us", "time_us_low", "time_us_high",
            "speedup_vs_base", "bound",
            "l1_hit_rate_pct", "l2_hit_rate_pct", "l2_hit_rate_all_pct", "dram_bytes", "l2_bytes", "l1_bytes",
-           "blocks_per_sm", "registers", "resident_warps", "loads_in_flight", "bytes_per_load", "parallelism",
+           "blocks_per_sm", "registers", "resident_warps", "loads_in_flight", "latencies_per_lookup",
+           "instructions_per_lookup", "bytes_per_load", "parallelism",
            "bytes_in_flight_per_sm", "requests", "latency_ns", "index_latency_ns", "step_ns", "waves",
-           "latency_us", "dram_us", "l2_us", "l1_us", "prepass_us", "pinned_rows", "note"]
+           "latency_us", "dram_us", "l2_us", "l1_us", "issue_us", "prepass_us", "pinned_rows", "note"]
 
 
 def _frame(points: Sequence[_Point], consts: Mapping[str, tuple[ModelConstants, str]],
@@ -30,9 +31,11 @@ def _frame(points: Sequence[_Point], consts: Mapping[str, tuple[ModelConstants, 
         c, label = consts[p.gpu.key]
         fast, slow = c.band()
         par = p.resident_warps * p.rows_in_flight
-        rows.append({"variant": p.variant, "dataset": p.dataset, "arch": p.gpu.arch, "gpu": p.gpu.key,
+        rows.append({"variant": p.variant, "dtype": p.dtype, "dataset": p.dataset, "arch": p.gpu.arch, "gpu": p.gpu.key,
                      "mode": p.mode, "constants": label, "blocks_per_sm": p.blocks_per_sm,
                      "registers": p.registers, "resident_warps": p.resident_warps, "loads_in_flight": p.rows_in_flight,
+                     "latencies_per_lookup": p.latencies_per_lookup,
+                     "instructions_per_lookup": p.instructions_per_lookup,
                      "bytes_per_load": p.bytes_per_load, "parallelism": par,
                      "bytes_in_flight_per_sm": par * p.bytes_per_load, "waves": p.waves,
                      "pinned_rows": p.pinned_rows, "note": p.note, **_evaluate(p, c),
@@ -71,7 +74,8 @@ def predict(workload: WorkloadConfig, datasets: Sequence[str], variants: Sequenc
             archs_or_gpus: Iterable[str | GpuSpec] | str | GpuSpec, *,
             params: Mapping[str, dict[str, Any]] | None = None,
             constants: ModelConstants | Mapping[str, ModelConstants] | None = None, tables: int = 1,
-            mode: str = "steady", static: Any = None, progress: Progress | None = None) -> pd.DataFrame:
+            mode: str = "steady", static: Any = None, sass: Any = None,
+            progress: Progress | None = None) -> pd.DataFrame:
     """Predicted time, hit rates, traffic and the intermediate quantities, one row per
     (variant, dataset, GPU).
 
@@ -80,23 +84,24 @@ def predict(workload: WorkloadConfig, datasets: Sequence[str], variants: Sequenc
     GPUs or a dict by GPU key; by default a stored calibration, else GpuSpec defaults.
     `tables`: how many of each dataset's tables to analyze (generated tables share a
     distribution; a trace file may differ per table). `mode`: 'steady' (tables in
-    turn, as in production) or 'cold' (L2 flushed before each launch). `static`: rows
-    of a static characterization (e.g. a run's static.csv) instead of compiling.
+    turn, as in production) or 'cold' (L2 flushed before each launch). `static` and
+    `sass`: the static characterization and SASS hot-loop rows of the variants (a
+    run's static.csv and sass.csv); the model never compiles.
     """
     workload.validate()
     if mode not in MODES:
         raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     gpus = _gpus(archs_or_gpus)
-    points = _prepare(workload, list(datasets), list(variants), gpus, params or {}, static, tables, mode, {},
+    points = _prepare(workload, list(datasets), list(variants), gpus, params or {}, static, sass, tables, mode, {},
                       progress)
     return _frame(points, _constants_for(gpus, constants), list(variants))
 
 
 def predict_experiment(exp: ExperimentConfig, archs: Iterable[str] | None = None,
-                       progress: Progress | None = None, *, static: Any = None) -> pd.DataFrame:
-    """predict() over an experiment's matrix (its architectures unless `archs` is given;
-    `static`: a run's static rows, to skip compiling)."""
+                       progress: Progress | None = None, *, static: Any = None, sass: Any = None
+                       ) -> pd.DataFrame:
+    """predict() over an experiment's matrix (its architectures unless `archs` is given)."""
     return predict(exp.workload, exp.datasets, exp.variants, list(archs or exp.archs), params=exp.params,
-                   static=static, progress=progress)
+                   static=static, sass=sass, progress=progress)
 
 
