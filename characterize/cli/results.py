@@ -23,6 +23,8 @@ def import_cmd(report: Path, output: Path | None, as_wide: bool, run_name: str) 
     from characterize.errors import ConfigError
     from characterize.extract.read import read_any, wide
 
+    if output is not None and output.suffix not in (".csv", ".parquet"):
+        raise ConfigError(f"output must end in .csv or .parquet, got {output.name}")
     df = read_any(report, run=run_name or report.stem)
     table = wide(df) if as_wide else df
     if output is None:
@@ -33,12 +35,17 @@ def import_cmd(report: Path, output: Path | None, as_wide: bool, run_name: str) 
                             "dram_bytes_read") if c in w.columns]
         print_rows(w[cols].to_dict("records"))
         return
-    if output.suffix == ".csv":
-        table.to_csv(output, index=False)
-    elif output.suffix == ".parquet":
-        table.to_parquet(output, index=False)
-    else:
-        raise ConfigError(f"output must end in .csv or .parquet, got {output.name}")
+    blocked = next((d for d in output.parents if d.exists() and not d.is_dir()), None)
+    if blocked is not None:
+        raise ConfigError(f"cannot write {output}: {blocked} is a file, not a directory; choose another -o")
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)  # like `report -o`
+        if output.suffix == ".csv":
+            table.to_csv(output, index=False)
+        else:
+            table.to_parquet(output, index=False)
+    except OSError as e:
+        raise ConfigError(f"cannot write {output}: {e.strerror or e}; choose another -o") from None
     click.echo(f"wrote {output} ({table.shape[0]} rows)")
 
 
@@ -49,38 +56,90 @@ def import_cmd(report: Path, output: Path | None, as_wide: bool, run_name: str) 
               help="the HTML file (a directory gets report.html inside)")
 @click.option("--title", default=None, help="page title")
 @click.option("--no-compare", is_flag=True, help="several sources side by side, without comparison sections")
-def report(sources: tuple[Path, ...], output: Path, title: str | None, no_compare: bool) -> None:
+@click.option("--pair", "pairs", multiple=True, metavar="A=B",
+              help="pair kernel A of the first source with kernel B of another in comparisons (function names, "
+                   "demangled names or #IDs; repeatable)")
+def report(sources: tuple[Path, ...], output: Path, title: str | None, no_compare: bool,
+           pairs: tuple[str, ...]) -> None:
     """Self-contained HTML report of run directories and/or .ncu-rep / CSV files
     (with two or more, later ones are also compared with the first)."""
+    from characterize.analysis.compare import parse_pairs
     from characterize.report.render import render_report
 
+    parse_pairs(pairs)  # a malformed --pair is one clear line, before any work
     start = time.perf_counter()
-    path = render_report(list(sources), output, title=title, compare=not no_compare)
+    path = render_report(list(sources), output, title=title, compare=not no_compare, pairs=pairs)
     echo_err(f"rendered in {time.perf_counter() - start:.1f} s")
     click.echo(f"report: {path}")
 
 
 # ------------------------------------------------------------------- compare
+_KERNEL_COLS = ("variant", "dataset", "a_kernel", "b_kernel", "match", "metric", "a", "b", "delta", "delta_pct")
+
+
+def _section(title: str, frame, columns=None, top: int | None = None) -> None:  # noqa: ANN001 - a DataFrame
+    click.echo(f"\n{title}")
+    if frame is None or frame.empty:
+        click.echo("(nothing)")
+        return
+    rows = frame.head(top).to_dict("records") if top else frame.to_dict("records")
+    cols = [c for c in (columns or frame.columns) if c in frame.columns]
+    print_rows(rows, cols)
+    if top and len(frame) > top:
+        click.echo(f"... {len(frame) - top} more (--top)")
+
+
 @main.command()
 @click.argument("a", type=click.Path(exists=True, path_type=Path))
 @click.argument("b", type=click.Path(exists=True, path_type=Path))
-@click.option("--top", type=int, default=40, show_default=True, help="rows to show, largest relative change first")
-@click.option("--metric", "metric_filter", default=None, help="only metrics containing this text")
+@click.option("--top", type=int, default=40, show_default=True, help="rows to show per table")
+@click.option("--metric", "metric_filter", default=None,
+              help="also list every raw ncu metric containing this text, matched kernel by matched kernel")
+@click.option("--pair", "pairs", multiple=True, metavar="A=B",
+              help="pair kernel A of the first with kernel B of the second (function names, demangled names or "
+                   "#IDs; repeatable)")
 @click.option("--json", "as_json", is_flag=True)
-def compare(a: Path, b: Path, top: int, metric_filter: str | None, as_json: bool) -> None:
-    """Metric-by-metric comparison of two runs or reports on the metrics they share."""
-    from characterize.analysis.compare import compare_sources
+def compare(a: Path, b: Path, top: int, metric_filter: str | None, pairs: tuple[str, ...], as_json: bool) -> None:
+    """Compare two runs or reports as the report does: kernels matched by base name and
+    launch order (--pair for the rest) with deltas; between two runs also timings with
+    significance, the static characterization, SASS hot loops and model predictions."""
+    from characterize.analysis.compare import compare_all, compare_sources, parse_pairs
 
-    both, unmatched = compare_sources(a, b, metric_filter)
+    parse_pairs(pairs)
+    parts = compare_all(a, b, pairs)
+    if as_json or metric_filter:  # every raw metric of every matched kernel: only when asked for
+        both, unmatched = compare_sources(a, b, metric_filter, pairs)
     if as_json:
-        click.echo(json.dumps({"shared": both.to_dict("records"),
-                               "unmatched": unmatched.to_dict("records")}, indent=1, default=str))
+        out = {k: v.to_dict("records") for k, v in parts.items()}
+        out |= {"shared": both.to_dict("records"), "unmatched": unmatched.to_dict("records")}
+        click.echo(json.dumps(out, indent=1, default=str))
         return
-    click.echo(f"A = {a}\nB = {b}\n{len(both)} shared (kernel, metric) values; largest relative changes:")
-    cols = [c for c in ("variant", "dataset", "function", "metric", "a", "b", "delta", "ratio") if c in both.columns]
-    print_rows(both.head(top).to_dict("records"), cols)
-    if not unmatched.empty:
-        click.echo(f"\n{len(unmatched)} kernel(s) present in only one of them (not compared):")
-        print_rows(unmatched.to_dict("records"))
-
-
+    click.echo(f"A = {a}\nB = {b}")
+    k = parts.get("kernels")
+    if k is not None:
+        kk = k.copy()
+        if not kk.empty:
+            kk["delta_pct"] = kk["delta_pct"].map(lambda x: "" if x != x else f"{x:+.1f}%")
+        _section("Matched kernels (base name + launch order, --pair, similar names): b - a", kk, _KERNEL_COLS, top)
+        un = parts.get("unmatched_kernels")
+        if un is not None and not un.empty:
+            _section(f"{len(un)} kernel(s) present in only one of them (not compared; pair them with --pair A=B):",
+                     un)
+    if "bench" in parts:
+        _section("Timed points (per-table latency, µs; significant: |delta| > 95% CI of the difference)",
+                 parts["bench"], ("variant", "dataset", "mode", "per_table_us_a", "ci95_us_a", "per_table_us_b",
+                                  "ci95_us_b", "delta_us", "delta_pct", "significant"), top)
+        _section("Static characterization: changed values", parts["static"],
+                 ("variant", "arch", "role", "maxrregcount", "sweep", "column", "a", "b", "delta"), top)
+        click.echo(f"({int(parts['static_unchanged']['rows'].iloc[0])} static row(s) unchanged)")
+        _section("SASS hot loops: changed values", parts["sass"],
+                 ("variant", "arch", "role", "kernel", "column", "a", "b", "delta"), top)
+        p = parts["predictions"]
+        if not p.empty:
+            p = p.reindex(p["delta_pct"].abs().sort_values(ascending=False, kind="stable").index)
+        _section("Model predictions (PREDICTED time per table launch, µs), largest change first", p,
+                 ("variant", "dataset", "gpu", "mode", "time_us_a", "time_us_b", "delta_us", "delta_pct",
+                  "outside_band"), top)
+    if metric_filter:
+        _section(f"Raw metrics containing {metric_filter!r}, largest relative change first", both,
+                 ("variant", "dataset", "function", "a_kernel", "b_kernel", "metric", "a", "b", "delta", "ratio"), top)

@@ -230,7 +230,43 @@ def clean_rule_text(text: str) -> str:
     return _MARKUP.sub(repl, text or "")
 
 
+def _dims(x: Any) -> str:
+    """'(1024, 1, 1)' as '1024x1x1' (short enough to stay on one line)."""
+    t = _txt(x)
+    nums = re.findall(r"\d+", t)
+    return "x".join(nums) if len(nums) == 3 else (t or "–")
+
+
+def hit_cell(r: dict, level: str) -> Cell:
+    """A hit rate that tells 'no traffic' from 0% and marks a rate ncu reported above 100%
+    (shown clamped, the raw value on hover and in the table note)."""
+    traffic, rate, raw = r.get(f"{level}_traffic"), r.get(f"{level}_hit_rate_pct"), r.get(f"{level}_hit_rate_raw_pct")
+    if traffic is False or (isinstance(traffic, (bool, np.bool_)) and not traffic):
+        return Cell("no traffic", "num muted", title="no sectors went through this cache: a hit rate means nothing")
+    if _isnan(rate):
+        return Cell("–", "num")
+    if r.get(f"{level}_hit_rate_clamped") is True or (not _isnan(raw) and float(raw) > 100):
+        return Cell(f"{float(rate):.1f}%*", "num", title=f"ncu reported {float(raw):.2f}%")
+    return Cell(fmt_pct(rate), "num")
+
+
+CLAMP_NOTE = ("* ncu reported a hit rate above 100% (shown on hover): an artifact of its sector accounting, not "
+              "more hits than accesses; shown clamped at 100%. 'no traffic': no sector went through that cache, "
+              "which a 0% hit rate would hide.")
+
+
+def clamped_any(k: pd.DataFrame) -> bool:
+    return any(c in k.columns and k[c].fillna(False).astype(bool).any()
+               for c in ("l1_hit_rate_clamped", "l2_hit_rate_clamped"))
+
+
+def share_cell(x: Any) -> Cell:
+    return Cell("–" if _isnan(x) else f"{float(x):.1f}%", "num")
+
+
 def kernel_table(k: pd.DataFrame, caption: str, with_point: bool = True) -> TableBlock:
+    """One row per kernel (analysis.ncu.kernel_summary): time and its share, the bound,
+    occupancy, hit rates that say 'no traffic', DRAM read and written."""
     spec: list[tuple[str, Callable]] = []
     if with_point:
         spec += [("variant", lambda r: Cell(_txt(r.get("variant")), "code")),
@@ -238,48 +274,141 @@ def kernel_table(k: pd.DataFrame, caption: str, with_point: bool = True) -> Tabl
                  ("table", lambda r: Cell(_txt(r.get("table")), "num"))]
     spec += [("ID", _col("kernel_id")),
              ("kernel", lambda r: kernel_cell(r.get("kernel_name"), r.get("function"))),
-             ("grid / block",
-              lambda r: Cell(f"{_txt(r.get('grid')) or '–'} / {_txt(r.get('block')) or '–'}", "code")),
+             ("grid / block", lambda r: Cell(f"{_dims(r.get('grid'))} / {_dims(r.get('block'))}", "code nw")),
              ("duration (µs)", lambda r: Cell(fmt_num(r.get("duration_ns", np.nan) / 1e3), "num")),
+             ("share of time", lambda r: share_cell(r.get("time_share_pct"))),
+             ("bound", lambda r: Cell(_txt(r.get("bound")), "", title=_txt(r.get("bound_why")))),
              ("regs", _col("registers_per_thread")),
              ("occupancy achieved / theoretical", lambda r: Cell(
                  f"{fmt_pct(r.get('achieved_occupancy_pct'))} / {fmt_pct(r.get('theoretical_occupancy_pct'))}", "num")),
-             ("L1 hit", _col("l1_hit_rate_pct", fmt_pct)), ("L2 hit", _col("l2_hit_rate_pct", fmt_pct)),
-             ("DRAM read", _col("dram_bytes_read", fmt_bytes)), ("DRAM busy", _col("dram_throughput_pct", fmt_pct)),
-             ("SM busy", _col("sm_throughput_pct", fmt_pct))]
+             ("L1 hit", lambda r: hit_cell(r, "l1")), ("L2 hit", lambda r: hit_cell(r, "l2")),
+             ("DRAM read", _col("dram_bytes_read", fmt_bytes)), ("DRAM written", _col("dram_bytes_write", fmt_bytes)),
+             ("DRAM busy", _col("dram_throughput_pct", fmt_pct)), ("SM busy", _col("sm_throughput_pct", fmt_pct))]
     if with_point:
         spec.append(("ncu modes", lambda r: Cell(f"cache {_txt(r.get('cache_control')) or '?'}, "
                                                  f"clock {_txt(r.get('clock_control')) or '?'}", "")))
     else:
-        spec.insert(2, ("NVTX range", lambda r: Cell(_txt(r.get("nvtx_range")), "code")))
-        spec.insert(3, ("device", lambda r: Cell(_txt(r.get("device")), "")))
-    return _table(k, spec, caption=caption)
+        if "nvtx_range" in k.columns and k["nvtx_range"].fillna("").astype(str).ne("").any():
+            spec.insert(2, ("NVTX range", lambda r: Cell(_txt(r.get("nvtx_range")), "code")))
+        if "device" in k.columns and k["device"].dropna().astype(str).nunique() > 1:
+            spec.insert(2, ("device", lambda r: Cell(_txt(r.get("device")), "")))
+    note = "share of time: of the summed duration of the kernels in the same report. " + \
+        (CLAMP_NOTE if clamped_any(k) else "'no traffic': no sector went through that cache (not a 0% hit rate).")
+    return _table(k, spec, caption=caption, note=note)
 
 
 _SEVERITY = {"ERROR": 0, "WARNING": 1, "OPTIMIZATION": 2, "INFO": 3, "OK": 4, "NONE": 5}
+_FINDINGS = ("ERROR", "WARNING", "OPTIMIZATION")
+_SHORT_TYPE = {"ERROR": "error", "WARNING": "warn", "OPTIMIZATION": "opt"}
+
+#: report topics and the ncu rule sections (identifier prefixes) that concern them
+RULE_TOPICS: dict[str, tuple[str, ...]] = {
+    "sol": ("SpeedOfLight", "ComputeWorkloadAnalysis", "InstructionStats"),
+    "memory": ("MemoryWorkloadAnalysis", "SourceCounters"),
+    "stalls": ("WarpStateStats", "SchedulerStats"),
+    "occupancy": ("Occupancy", "LaunchStats"),
+}
 
 
-def rule_blocks(rules: pd.DataFrame) -> list[Any]:
-    """One collapsible block per kernel: findings grouped by rule, most severe first."""
-    blocks = []
-    for (kid, kname), g in rules.groupby(["kernel_id", "kernel_name"], sort=True):
-        grouped = []
-        for (mtype, rule, title), r in g.groupby(["message_type", "rule_name", "title"], sort=False):
-            msgs = list(dict.fromkeys(clean_rule_text(m) for m in r["message"]))
-            grouped.append({"type": mtype, "rule": rule or r["rule"].iloc[0], "title": title, "message": msgs[0],
-                            "more": len(msgs) - 1, "speedup": r["estimated_speedup"].max(),
-                            "speedup_type": next((t for t in r["speedup_type"] if t), "")})
-        grouped.sort(key=lambda x: (_SEVERITY.get(x["type"], 9), -(0 if _isnan(x["speedup"]) else x["speedup"])))
-        counts = g["message_type"].value_counts()
-        summary = ", ".join(f"{n} {t.lower()}" for t, n in counts.items())
-        spec = [("type", lambda r: Cell(r["type"], "rule-" + r["type"].lower())),
-                ("rule", lambda r: Cell(r["rule"], "")), ("finding", lambda r: Cell(r["title"], "")),
-                ("message", lambda r: Cell(r["message"] + (f" (+{r['more']} similar)" if r["more"] else ""), "msg")),
-                ("estimated speedup", lambda r: Cell("–" if _isnan(r["speedup"]) else
-                                                     f"{r['speedup']:.0f}% ({r['speedup_type'] or '?'})", "num"))]
-        shown = kernel_cell(kname).text
-        full = [NoteBlock(f"Kernel: {kname}")] if shown != kname else []
-        blocks.append(DetailsBlock(f"kernel #{kid} {shown}: {len(g)} finding(s): {summary}",
-                                   full + [_table(grouped, spec)],
-                                   open=bool(counts.get("ERROR", 0))))
-    return blocks
+def rule_topic(section: str) -> str:
+    for topic, prefixes in RULE_TOPICS.items():
+        if any(str(section).startswith(p) for p in prefixes):
+            return topic
+    return "other"
+
+
+def _rule_name(r: dict) -> str:
+    name = _txt(r.get("rule_name")) or _txt(r.get("rule"))
+    title = _txt(r.get("title"))
+    return f"{name}: {title}" if title and title != name else name
+
+
+def rank_rules(rules: pd.DataFrame, column: str, weights: dict[Any, float] | None = None) -> pd.DataFrame:
+    """One row per finding (rule and title) with its worst severity, the estimated
+    speedup (largest, and weighted by each column's share of time when `weights`
+    are given) and one cell per value of `column` (a kernel or a point); ranked by the
+    weighted speedup, then the largest, then severity. OK/INFO results are not findings."""
+    f = rules[rules["message_type"].isin(_FINDINGS)].copy()
+    if f.empty:
+        return pd.DataFrame()
+    f["finding"] = [_rule_name(r) for r in f.to_dict("records")]
+    rows = []
+    for (section, finding), g in f.groupby(["section", "finding"], sort=False):
+        worst = min(g["message_type"], key=lambda t: _SEVERITY.get(t, 9))
+        cells: dict[Any, tuple[str, float]] = {}
+        for col, h in g.groupby(column, sort=False):
+            t = min(h["message_type"], key=lambda t: _SEVERITY.get(t, 9))
+            cells[col] = (t, float(h["estimated_speedup"].max()) if h["estimated_speedup"].notna().any() else np.nan)
+        best = max((v for _, v in cells.values() if not _isnan(v)), default=np.nan)
+        weighted = np.nan
+        if weights:
+            vals = [v * weights.get(c, np.nan) / 100 for c, (_, v) in cells.items()
+                    if not _isnan(v) and not _isnan(weights.get(c, np.nan))]
+            weighted = sum(vals) if vals else np.nan
+        msgs = list(dict.fromkeys(clean_rule_text(m) for m in g["message"] if m))
+        rows.append({"section": section, "topic": rule_topic(section), "finding": finding, "severity": worst,
+                     "cells": cells, "best_speedup_pct": best, "weighted_speedup_pct": weighted,
+                     "speedup_type": next((t for t in g["speedup_type"] if t), ""), "messages": msgs,
+                     "where": {m: sorted({c for c, h in g.groupby(column) if m in {clean_rule_text(x)
+                                                                                  for x in h["message"]}},
+                                         key=str) for m in msgs}})
+    out = pd.DataFrame(rows)
+    out["_w"] = out["weighted_speedup_pct"].fillna(-1)
+    out["_b"] = out["best_speedup_pct"].fillna(-1)
+    out["_s"] = out["severity"].map(lambda t: _SEVERITY.get(t, 9))
+    out = out.sort_values(["_w", "_b", "_s"], ascending=[False, False, True], kind="stable")
+    return out.drop(columns=["_w", "_b", "_s"]).reset_index(drop=True)
+
+
+def rule_matrix(ranked: pd.DataFrame, columns: Sequence[Any], names: dict[Any, str], caption: str,
+                weighted: bool) -> TableBlock:
+    """The ranked findings as a finding x kernel (or point) matrix; a cell gives the
+    finding's type and its estimated speedup (ncu's own estimate) for that column."""
+    def cell(r: dict, c: Any) -> Cell:
+        if c not in r["cells"]:
+            return Cell("", "")
+        t, v = r["cells"][c]
+        return Cell(_SHORT_TYPE.get(t, t.lower()) + ("" if _isnan(v) else f" {v:.0f}%"),
+                    "num rule-" + t.lower(), title=t)
+
+    spec: list[tuple[str, Callable]] = [
+        ("finding", lambda r: Cell(r["finding"], "")), ("section", lambda r: Cell(r["section"], "code"))]
+    if weighted:
+        spec.append(("est. speedup, time-weighted", lambda r: Cell(
+            "–" if _isnan(r["weighted_speedup_pct"]) else f"{r['weighted_speedup_pct']:.1f}%", "num")))
+    spec.append(("largest est. speedup", lambda r: Cell(
+        "–" if _isnan(r["best_speedup_pct"]) else f"{r['best_speedup_pct']:.0f}% ({r['speedup_type'] or '?'})",
+        "num")))
+    spec += [(names.get(c, str(c)), (lambda c: lambda r: cell(r, c))(c)) for c in columns]
+    note = ("cells: finding type (error, warn, opt) and ncu's estimated speedup for that column; empty: no finding. "
+            "Ranked by " + ("the speedup weighted by each kernel's share of time, then " if weighted else "") +
+            "the largest estimated speedup, then severity. ncu estimates 'global' speedups on the whole kernel and "
+            "'local' ones on the part the rule concerns.")
+    return _table(ranked, spec, caption=caption, note=note)
+
+
+def rule_texts(ranked: pd.DataFrame, names: dict[Any, str]) -> DetailsBlock:
+    """The full text of each finding, once per distinct message, with where it applies."""
+    blocks: list[Any] = []
+    for r in ranked.to_dict("records"):
+        inner = []
+        for m in r["messages"]:
+            where = ", ".join(names.get(c, str(c)) for c in r["where"].get(m, []))
+            inner.append(NoteBlock(f"[{where}] {m}" if where else m))
+        blocks.append(DetailsBlock(f"{r['severity'].lower()}: {r['finding']} ({r['section']})", inner))
+    return DetailsBlock(f"Full text of the {len(ranked)} finding(s)", blocks)
+
+
+def rules_beside(ranked: pd.DataFrame, topic: str, columns: Sequence[Any], names: dict[Any, str],
+                 weighted: bool) -> list[Any]:
+    """The findings about one topic, as a collapsed matrix to sit in the panel they concern."""
+    if ranked is None or ranked.empty:
+        return []
+    r = ranked[ranked["topic"] == topic]
+    if r.empty:
+        return []
+    best = r["best_speedup_pct"].max()
+    head = f"ncu rule findings on this: {len(r)}" + ("" if _isnan(best) else
+                                                     f", largest estimated speedup {best:.0f}%")
+    used = [c for c in columns if any(c in cells for cells in r["cells"])]
+    return [DetailsBlock(head, [rule_matrix(r, used, names, "", weighted), rule_texts(r, names)])]

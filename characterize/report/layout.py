@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from characterize.analysis import ncu
 from characterize.report.blocks import PanelOutput
 from characterize.report.sources import Pair, RunSource
 
@@ -97,7 +98,46 @@ NEEDS: dict[str, Need] = {n.name: n for n in (
                                                   "not been run for this run (predictions are labelled as such)"),
     Need("kernels", "per-kernel metrics of the report", lambda s: not s.kernels.empty,
          lambda s: "the report holds no kernels"),
+    Need("sol", "speed-of-light metrics (SpeedOfLight section)",
+         lambda s: _any(s.kview, ("sm_throughput_pct", "memory_throughput_pct")),
+         lambda s: "no kernel has SM or memory throughput metrics: the SpeedOfLight section was not collected "
+                   "(profile with --section SpeedOfLight or the default set)"),
+    Need("memory", "memory-workload metrics (MemoryWorkloadAnalysis section)",
+         lambda s: _any(s.kview, ("l1_load_sectors", "l2_read_sectors", "dram_bytes_read", "l1_hit_rate_raw_pct",
+                                  "l2_hit_rate_raw_pct")),
+         lambda s: "no kernel has L1/L2 sector, hit-rate or DRAM byte metrics: the MemoryWorkloadAnalysis "
+                   "sections were not collected"),
+    Need("roofline", "ncu's roofline counters (SpeedOfLight_RooflineChart section)",
+         lambda s: ncu.has_roofline(s.kview),
+         lambda s: "the report carries none of ncu's roofline counters with floating-point work in them (the "
+                   "SpeedOfLight_RooflineChart section was not collected, or no kernel executed FP instructions)"),
+    Need("stalls", "warp-stall metrics (WarpStateStats section)",
+         lambda s: any(c.startswith("stall_") and s.kview[c].notna().any() for c in s.kview.columns),
+         lambda s: "the report has no warp-stall metrics (the WarpStateStats section was not collected)"),
+    Need("sass", "the SASS hot-loop table (sass.csv)", lambda s: not s.sass.empty,
+         lambda s: s.errors.get("sass") or (f"the sass step was {_step(s, 'sass')}" if _step(s, "sass") else
+                                            "no sass.csv in the run directory: the SASS step (cuobjdump on the built "
+                                            "kernels) has not run for this run; it needs NVIDIA's disassembler "
+                                            "(`pip install 'characterize[sass]'` or a CUDA toolkit)")),
+    Need("runs", "two stored runs", lambda s: isinstance(s.a, RunSource) and isinstance(s.b, RunSource),
+         lambda s: f"{(s.b if isinstance(s.a, RunSource) else s.a).label} is an imported report, not a run"),
+    Need("static-both", "static.csv in both runs", lambda s: not s.a.static.empty and not s.b.static.empty,
+         lambda s: f"{(s.a if s.a.static.empty else s.b).label} has no static characterization"),
+    Need("predictions-both", "predictions.csv in both runs",
+         lambda s: not s.a.predictions.empty and not s.b.predictions.empty,
+         lambda s: f"{(s.a if s.a.predictions.empty else s.b).label} has no predictions.csv"),
+    Need("sass-both", "sass.csv in both runs", lambda s: not s.a.sass.empty and not s.b.sass.empty,
+         lambda s: f"{(s.a if s.a.sass.empty else s.b).label}: " + NEEDS["sass"].why_missing(
+             s.a if s.a.sass.empty else s.b)),
+    Need("kview-both", "per-kernel Nsight Compute metrics on both sides",
+         lambda s: not s.a.kview.empty and not s.b.kview.empty,
+         lambda s: f"{(s.a if s.a.kview.empty else s.b).label}: " + (
+             _metrics_why(s.a if s.a.kview.empty else s.b))),
 )}
+
+
+def _any(k: Any, cols: tuple[str, ...]) -> bool:
+    return k is not None and not k.empty and any(c in k.columns and k[c].notna().any() for c in cols)
 
 
 # ===================================================================== panels
@@ -130,4 +170,7 @@ def _timing_prov(s: Any) -> tuple[str, ...]:
 S_OVERVIEW, S_LOCALITY, S_STATIC, S_TIMING = "Overview", "Workload locality", "Static characterization", "Timing"
 S_NCU, S_RULES, S_MODEL, S_FAIL = "Microarchitecture (Nsight Compute)", "Nsight Compute rule findings", \
     "Model predictions", "Failures"
+S_SOL, S_MEM, S_STALLS = "Speed of light and roofline (Nsight Compute)", "Memory workload (Nsight Compute)", \
+    "Warp stalls and occupancy (Nsight Compute)"
+S_COMPARE = "Comparison"
 

@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
 from characterize.kernels.registry import VARIANT_ORDER
 from characterize.workloads.presets import HOTNESS_ORDER
@@ -34,7 +35,8 @@ __all__ = [
     "coverage_figure", "reuse_figure", "register_sweep_figure", "static_occupancy_figure",
     "occupancy_figure", "stall_figure", "hit_rate_figure", "dram_figure",
     "prediction_figure", "predicted_vs_measured_figure",
-    "kernel_duration_figure", "kernel_occupancy_figure", "kernel_stall_figure",
+    "kernel_duration_figure", "kernel_occupancy_figure", "kernel_stall_figure", "weighted_stall_figure",
+    "sol_figure", "memory_chart_figure", "roofline_figure", "sass_figure",
 ]
 
 WIDTH_IN = 8.0   # every figure is this wide; heights follow the data
@@ -213,33 +215,62 @@ def prepass_figure(p: pd.DataFrame, title: str) -> Figure:
 
 # ------------------------------------------------------------------- locality
 def _coverage_points(entry: Mapping) -> tuple[np.ndarray, np.ndarray]:
+    """The stored (K, coverage) points, plus K = unique rows at full coverage (every
+    distinct row: exact, not an estimate)."""
     cov = entry.get("top_k_coverage") or {}
     pts = sorted((int(k), float(v)) for k, v in cov.items())
     unique = entry.get("unique_rows")
-    if unique and all(k != int(unique) for k, _ in pts) and (not pts or int(unique) > pts[-1][0]):
-        pts.append((int(unique), 1.0))  # every distinct row: full coverage
+    if unique and all(k != int(unique) for k, _ in pts):
+        pts.append((int(unique), 1.0))
+        pts.sort()
+    # K beyond the distinct rows covers everything, whatever was stored
+    pts = [(k, 1.0 if unique and k >= int(unique) else v) for k, v in pts]
     return np.array([k for k, _ in pts], dtype=float), np.array([v for _, v in pts], dtype=float)
+
+
+_DATASET_COLORS = ("#d62728", "#ff7f0e", "#2ca02c", "#1f77b4", "#7f7f7f")
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+
+
+def _dataset_color(ds: str, i: int) -> str:
+    return _DATASET_COLORS[DATASET_ORDER.index(ds)] if ds in DATASET_ORDER else _EXTRA_COLORS[i % len(_EXTRA_COLORS)]
 
 
 def coverage_figure(locality: Mapping[str, Mapping], marks: Mapping[str, int] | None = None,
                     title: str = "Top-K coverage") -> Figure:
-    """Fraction of lookups served by the K most frequent rows, per dataset (log K)."""
-    fig, ax = _figure(3.4)
+    """Fraction of lookups served by the K most frequent rows, per dataset, on a log
+    axis from K = 1. Points: the K values locality.json stores, plus K = unique rows
+    (100%, exact), which puts a one-row trace at K = 1. Below the smallest stored K
+    nothing is known and the axis says so (shaded). Each dataset has its own marker and
+    lines drawn later are thinner, so coinciding curves stay visible. GPU L2
+    capacities are vertical lines named in the legend, clear of the data."""
+    fig, ax = _figure(3.6)
     names = order_datasets(locality)
+    top = max([float(e.get("rows") or 0) for e in locality.values()] + [10.0])
+    stored = [int(k) for e in locality.values() for k in (e.get("top_k_coverage") or {})]
+    first = min(stored) if stored else None
+    if first and first > 1:
+        ax.axvspan(1, first, color="#f0f0f0", zorder=0, linewidth=0)
+        ax.text(math.sqrt(first), 50, f"coverage below K = {first:,}\nnot stored by the locality step", ha="center",
+                va="center", fontsize=FONT - 1, color="#777777", zorder=1)
+    n = len(names)
     for i, ds in enumerate(names):
         k, v = _coverage_points(locality[ds])
-        if len(k):
-            ax.plot(k, 100 * v, marker="o", markersize=3.5, linewidth=1.4, label=_short(ds, 24),
-                    color=_EXTRA_COLORS[i % len(_EXTRA_COLORS)] if ds not in DATASET_ORDER else
-                    ("#d62728", "#ff7f0e", "#2ca02c", "#1f77b4", "#7f7f7f")[DATASET_ORDER.index(ds)])
-    for label, k in (marks or {}).items():
-        ax.axvline(k, color="#999999", linewidth=0.8, linestyle=":")
-        ax.annotate(_text(label, 30), (k, 2), rotation=90, fontsize=FONT - 2, color="#555555",
-                    xytext=(2, 0), textcoords="offset points", va="bottom")
+        if not len(k):
+            continue
+        width = 1.2 + 2.0 * (n - 1 - i) / max(1, n - 1)
+        xs, ys = (np.concatenate([k, [top]]), np.concatenate([v, [1.0]])) if v[-1] >= 1 and k[-1] < top else (k, v)
+        ax.plot(xs, 100 * ys, marker=_MARKERS[i % len(_MARKERS)], markevery=list(range(len(k))), markersize=4.5,
+                linewidth=width, color=_dataset_color(ds, i), alpha=0.9, label=_short(ds, 24), zorder=3)
+    styles = ("--", ":", "-.", (0, (5, 1, 1, 1)))
+    for j, (label, kk) in enumerate((marks or {}).items()):
+        ax.axvline(kk, color="#555555", linewidth=0.9, linestyle=styles[j % len(styles)], zorder=2,
+                   label=_text(f"{label} ({kk:,} rows)", 40))
     ax.set_xscale("log")
+    ax.set_xlim(1, top * 1.3)
     ax.set_ylim(0, 103)
-    _style(ax, title, "lookups covered (%)", "K (most frequent rows)")
-    _legend(ax, loc="lower right")
+    _style(ax, title, "lookups covered (%)", "K (most frequent rows), log scale")
+    _legend(ax, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return fig
 
 
@@ -267,7 +298,7 @@ def reuse_figure(locality: Mapping[str, Mapping], title: str = "Reuse-distance d
         ax.plot(xs, ys, linewidth=1.3, color=color, label=f"{_short(ds, 20)} (first reads {100 * first:.1f}%)")
     ax.set_xscale("log", base=2)
     _style(ax, title, "lookups (%)", "reuse distance (distinct rows between two reads of a row)")
-    _legend(ax, loc="upper left")
+    _legend(ax, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return fig
 
 
@@ -276,7 +307,7 @@ def register_sweep_figure(sweep: pd.DataFrame, title: str = "Register sweep") ->
     """Theoretical occupancy (solid) and spill bytes per thread (dashed) against the
     -maxrregcount cap, one panel per architecture; variants compiling to the same curve share a line."""
     archs = sorted(sweep["arch"].unique())
-    fig = Figure(figsize=(WIDTH_IN, 3.0 * len(archs)), dpi=DPI, layout="constrained")
+    fig = Figure(figsize=(WIDTH_IN, 3.9 * len(archs)), dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
     for a_i, arch in enumerate(archs):
         ax = fig.add_subplot(len(archs), 1, a_i + 1)
@@ -305,7 +336,8 @@ def register_sweep_figure(sweep: pd.DataFrame, title: str = "Register sweep") ->
         ax2.spines["top"].set_visible(False)
         h1, l1 = ax.get_legend_handles_labels()
         h2, l2 = ax2.get_legend_handles_labels()
-        ax.legend(h1 + h2, l1 + l2, fontsize=FONT - 2, frameon=False, loc="center left", bbox_to_anchor=(1.08, 0.5))
+        ax.legend(h1 + h2, l1 + l2, fontsize=FONT - 2, frameon=False, loc="upper left", bbox_to_anchor=(0.0, -0.2),
+                  ncols=2)
     return fig
 
 
@@ -343,11 +375,14 @@ def occupancy_figure(k: pd.DataFrame, title: str) -> Figure:
                          ("achieved_occupancy_pct", "achieved", "#1f77b4")))
 
 
-def stall_figure(stalls: pd.DataFrame, title: str, top: int = 8) -> Figure:
-    """Stacked warp-stall breakdown (cycles per issued instruction) per variant x dataset,
-    from analyze.stall_breakdown(); the `top` largest reasons overall, the rest as 'other'."""
-    totals = stalls.groupby("reason")["cycles"].sum().sort_values(ascending=False)
-    keep = [r for r in totals.index if totals[r] > 0][:top]
+def stall_figure(stalls: pd.DataFrame, title: str, top: int = 8, keep: Sequence[str] | None = None) -> Figure:
+    """Stacked warp-stall breakdown (cycles per issued instruction) per variant x dataset
+    (long: variant, dataset, reason, cycles); the reasons in `keep` (else the `top`
+    largest by their plain sum), the rest as 'other'."""
+    if keep is None:
+        totals = stalls.groupby("reason")["cycles"].sum().sort_values(ascending=False)
+        keep = [r for r in totals.index if totals[r] > 0][:top]
+    keep = list(keep)
     d = stalls.copy()
     d["reason"] = d["reason"].where(d["reason"].isin(keep), "other")
     pivot = d.pivot_table(index=["variant", "dataset"], columns="reason", values="cycles", aggfunc="sum",
@@ -361,7 +396,7 @@ def stall_figure(stalls: pd.DataFrame, title: str, top: int = 8) -> Figure:
     left = np.zeros(len(rows))
     for r in reasons:
         vals = pivot[r].to_numpy() if r in pivot.columns else np.zeros(len(rows))
-        ax.barh(y, vals, 0.7, left=left, label=_text(r, 24), color=_STALL_COLORS.get(r, "#7f7f7f"))
+        ax.barh(y, vals, 0.7, left=left, label=_text(r.replace("_", " "), 24), color=_STALL_COLORS.get(r, "#7f7f7f"))
         left += vals
     ax.set_yticks(y, [f"{_text(v, 14)} · {_short(ds, 14)}" for v, ds in rows])
     _style(ax, title, None, "stall cycles per issued instruction")
@@ -376,17 +411,24 @@ def hit_rate_figure(k: pd.DataFrame, title: str) -> Figure:
                                                           ("l2_hit_rate_pct", "L2 hit rate", "#2ca02c")))
 
 
+def _byte_scale(top: float) -> tuple[str, float]:
+    return next(((u, f) for u, f in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)) if top >= f), ("B", 1.0))
+
+
 def dram_figure(k: pd.DataFrame, title: str) -> Figure:
-    """DRAM bytes read per profiled lookup kernel (variant x dataset)."""
-    fig, ax = _figure(3.2)
+    """DRAM bytes read and written per profiled lookup kernel (variant x dataset)."""
+    fig, ax = _figure(3.4)
     x = np.arange(len(k))
-    colors = [variant_color(v, list(k["variant"].unique())) for v in k["variant"]]
-    top = float(np.nanmax(k["dram_bytes_read"])) if len(k) and k["dram_bytes_read"].notna().any() else 0.0
-    unit, scale = next(((u, f) for u, f in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)) if top >= f),
-                       ("B", 1.0))
-    ax.bar(x, k["dram_bytes_read"] / scale, 0.6, color=colors)
+    cols = [c for c in ("dram_bytes_read", "dram_bytes_write") if c in k.columns]
+    top = float(np.nanmax(k[cols].to_numpy(dtype=float))) if len(k) and k[cols].notna().any().any() else 0.0
+    unit, scale = _byte_scale(top)
+    for offset, (col, label, color) in zip((-0.2, 0.2), (("dram_bytes_read", "read", "#1f77b4"),
+                                                          ("dram_bytes_write", "written", "#ff7f0e"))):
+        if col in k.columns:
+            ax.bar(x + offset, k[col] / scale, 0.4, label=label, color=color)
     ax.set_xticks(x, _point_labels(k), rotation=30, ha="right")
-    _style(ax, title, f"DRAM bytes read ({unit})")
+    _style(ax, title, f"DRAM bytes ({unit})")
+    _legend(ax, loc="lower right", bbox_to_anchor=(1.0, 1.0), ncols=2)
     return fig
 
 
@@ -416,36 +458,49 @@ def predicted_vs_measured_figure(df: pd.DataFrame, title: str, measured: str = "
         ax.set_xscale("log")
         ax.set_yscale("log")
     _style(ax, title, f"predicted ({unit})", f"measured ({unit})")
-    _legend(ax, loc="upper left")
+    _legend(ax, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return fig
 
 
 # -------------------------------------------------------------- generic kernels
-def _kernel_labels(w: pd.DataFrame) -> list[str]:
+def _labels(w: pd.DataFrame) -> list[str]:
+    """Distinct kernel labels: the 'label' column when present (analysis.ncu.kernel_labels)."""
+    if "label" in w.columns:
+        return [_text(x, 48) for x in w["label"]]
     return [f"#{int(i)} {_text(f, 34)}" for i, f in zip(w["kernel_id"], w["function"])]
 
 
 def kernel_duration_figure(w: pd.DataFrame, title: str) -> Figure:
-    """Duration per profiled kernel (ncu gpu__time_duration), horizontal bars."""
-    d = w[w["duration_ns"].notna()]
-    fig, ax = _figure(1.0 + 0.3 * len(d))
+    """Duration per profiled kernel on a linear axis (bar length = time), each bar
+    labelled with its share of the total; longest first."""
+    d = w[w["duration_ns"].notna()].sort_values("duration_ns", ascending=False, kind="stable")
+    fig, ax = _figure(1.3 + 0.32 * len(d))
     y = np.arange(len(d))[::-1]
-    ax.barh(y, d["duration_ns"] / 1e3, 0.7, color="#1f77b4")
-    ax.set_yticks(y, _kernel_labels(d))
-    ax.set_xscale("log")
-    _style(ax, title, None, "duration (µs, log scale)")
+    top = float(d["duration_ns"].max()) if len(d) else 0.0
+    unit, scale = next(((u, f) for u, f in (("s", 1e9), ("ms", 1e6), ("µs", 1e3)) if top >= 10 * f), ("ns", 1.0))
+    vals = d["duration_ns"].to_numpy(dtype=float) / scale
+    ax.barh(y, vals, 0.65, color="#1f77b4", label=f"duration ({unit})")
+    total = float(d["duration_ns"].sum())
+    for yy, v, ns in zip(y, vals, d["duration_ns"]):
+        ax.annotate(f"{100 * ns / total:.1f}%", (v, yy), xytext=(3, 0), textcoords="offset points", va="center",
+                    fontsize=FONT - 2, color="#333333")
+    ax.set_yticks(y, _labels(d))
+    ax.set_xlim(0, (vals.max() if len(vals) else 1) * 1.15)
+    _style(ax, title, None, f"duration ({unit}, linear); labels: share of the summed duration")
     ax.grid(axis="x", color="#dddddd", linewidth=0.6)
+    ax.grid(axis="y", visible=False)
+    _legend(ax, loc="lower right", bbox_to_anchor=(1.0, 1.0))
     return fig
 
 
 def kernel_occupancy_figure(w: pd.DataFrame, title: str) -> Figure:
     """Achieved vs theoretical occupancy per profiled kernel, horizontal bars."""
     d = w[w["achieved_occupancy_pct"].notna() | w["theoretical_occupancy_pct"].notna()]
-    fig, ax = _figure(1.0 + 0.4 * len(d))
+    fig, ax = _figure(1.2 + 0.4 * len(d))
     y = np.arange(len(d))[::-1]
     ax.barh(y + 0.2, d["theoretical_occupancy_pct"], 0.4, label="theoretical", color="#aec7e8")
     ax.barh(y - 0.2, d["achieved_occupancy_pct"], 0.4, label="achieved", color="#1f77b4")
-    ax.set_yticks(y, _kernel_labels(d))
+    ax.set_yticks(y, _labels(d))
     ax.set_xlim(0, 105)
     _style(ax, title, None, "occupancy (% of max warps per SM)")
     ax.grid(axis="x", color="#dddddd", linewidth=0.6)
@@ -474,8 +529,217 @@ def kernel_stall_figure(w: pd.DataFrame, title: str, top: int = 8) -> Figure:
             vals = d[f"stall_{r}"].fillna(0).to_numpy()
         ax.barh(y, vals, 0.7, left=left, label=_text(r, 24), color=_STALL_COLORS.get(r, "#7f7f7f"))
         left += vals
-    ax.set_yticks(y, _kernel_labels(d))
+    ax.set_yticks(y, _labels(d))
     _style(ax, title, None, "stall cycles per issued instruction")
     ax.grid(axis="x", color="#dddddd", linewidth=0.6)
     _legend(ax, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return fig
+
+
+def weighted_stall_figure(long: pd.DataFrame, reasons: Sequence[str], title: str) -> Figure:
+    """Two views of warp stalls per kernel (analysis.ncu.weighted_stalls). Left: each
+    kernel's warp-cycles stalled as a share of all kernels' stall cycles (cycles per
+    issued instruction x instructions issued), so a long kernel's stalls weigh what
+    they cost. Right: each kernel's own mix (100% per kernel). Reasons: `reasons`
+    (largest weighted first), the rest as 'other'."""
+    key = [c for c in ("run", "report", "kernel_id") if c in long.columns]
+    kernels = long.drop_duplicates(key)
+    order = kernels.assign(_w=long.groupby(key, sort=False)["stall_cycles"].transform("sum").loc[kernels.index])
+    order = order.sort_values("_w", ascending=False, kind="stable")
+    fig = Figure(figsize=(WIDTH_IN + 2.0, max(2.2, 1.3 + 0.34 * len(order))), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, 2, sharey=True, width_ratios=(3, 2))
+    y = np.arange(len(order))[::-1]
+    shown = list(reasons) + ["other"]
+    for panel, ax in enumerate(axes):
+        left = np.zeros(len(order))
+        for r in shown:
+            vals = []
+            for kr in order.to_dict("records"):
+                g = long[(long[key] == pd.Series({c: kr[c] for c in key})).all(axis=1)]
+                sel = g[~g["reason"].isin(reasons)] if r == "other" else g[g["reason"] == r]
+                vals.append(float(sel["total_share_pct" if panel == 0 else "kernel_share_pct"].fillna(0).sum()))
+            vals = np.array(vals)
+            if r == "other" and not vals.any():
+                continue
+            ax.barh(y, vals, 0.7, left=left, color=_STALL_COLORS.get(r, "#7f7f7f"),
+                    label=_text(r.replace("_", " "), 24) if panel == 0 else None)
+            left += vals
+        ax.grid(axis="x", color="#dddddd", linewidth=0.6)
+        ax.set_axisbelow(True)
+        for side in ("top", "right"):
+            ax.spines[side].set_visible(False)
+        ax.tick_params(labelsize=FONT - 1)
+        if panel == 0:
+            ax.set_yticks(y, _labels(order))
+            ax.set_xlabel("share of all kernels' warp-stall cycles (%)", fontsize=FONT)
+            ax.set_title(_text(title, 80), fontsize=FONT + 1, loc="left")
+        else:
+            ax.set_xlim(0, 100)
+            ax.set_xlabel("each kernel's own stall mix (%)", fontsize=FONT)
+    fig.legend(*axes[0].get_legend_handles_labels(), fontsize=FONT - 1, frameon=False, loc="outside lower center",
+               ncols=min(5, len(shown)))
+    return fig
+
+
+_SOL_BARS = (("sm_throughput_pct", "SM (compute)", "#2ca02c"), ("memory_throughput_pct", "memory", "#1f77b4"),
+             ("l1_throughput_pct", "L1/TEX", "#9edae5"), ("l2_throughput_pct", "L2", "#6baed6"),
+             ("dram_throughput_pct", "DRAM", "#08519c"))
+
+
+def sol_figure(k: pd.DataFrame, title: str, bound_pct: float = 60.0, detail: bool = True) -> Figure:
+    """Speed of light per kernel: SM and memory throughput as % of peak (and, with
+    `detail`, L1/TEX, L2 and DRAM). A unit below `bound_pct` (dashed) does not limit
+    the kernel; both below it means latency-bound. Rows: `label` (or variant · dataset)."""
+    bars = [b for b in (_SOL_BARS if detail else _SOL_BARS[:2]) if b[0] in k.columns]
+    n = len(bars)
+    fig, ax = _figure(1.5 + (0.13 * n + 0.1) * len(k))
+    y = np.arange(len(k))[::-1] * (n * 0.2 + 0.3)
+    for i, (col, label, color) in enumerate(bars):
+        ax.barh(y + (n / 2 - i - 0.5) * 0.2, k[col].fillna(0).to_numpy(), 0.18, label=label, color=color)
+    labels = list(k["label"]) if "label" in k.columns else _point_labels(k)
+    ax.set_yticks(y, [_text(x, 48) for x in labels])
+    ax.axvline(bound_pct, color="#b3261e", linewidth=1.0, linestyle="--", label=f"{bound_pct:.0f}%")
+    ax.set_xlim(0, 105)
+    _style(ax, title, None, "throughput (% of peak sustained)")
+    ax.grid(axis="x", color="#dddddd", linewidth=0.6)
+    ax.grid(axis="y", visible=False)
+    _legend(ax, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncols=min(n + 1, 6))
+    ax.set_title(_text(title, 110), fontsize=FONT + 1, loc="left", pad=22)
+    return fig
+
+
+def _human(v: float, unit: str = "") -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "–"
+    for suffix, f in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(v) >= f:
+            return f"{v / f:.3g} {suffix}{unit}"
+    return f"{v:.3g} {unit}".rstrip()
+
+
+def memory_chart_figure(r: Mapping, title: str) -> Figure:
+    """ncu's Memory Workload Analysis chart for one kernel: the SM, L1/TEX, L2 and DRAM
+    as boxes with hit rates; arrows carry requests, sectors and bytes, reads above and
+    writes below. Missing values read '–'; a level without traffic says so."""
+    fig = Figure(figsize=(WIDTH_IN + 2.0, 2.7), dpi=DPI)
+    FigureCanvasAgg(fig)
+    ax = fig.add_axes((0, 0, 1, 0.9))
+    ax.set_xlim(0, 10)
+    ax.set_ylim(0.35, 3.45)
+    ax.axis("off")
+    fig.text(0.01, 0.97, _text(title, 120), fontsize=FONT + 1, va="top")
+
+    def hit(level: str) -> str:
+        traffic, rate = r.get(f"{level}_traffic"), r.get(f"{level}_hit_rate_pct")
+        if traffic is False:
+            return "no traffic"
+        if rate is None or (isinstance(rate, float) and math.isnan(rate)):
+            return "hit rate –"
+        mark = "*" if r.get(f"{level}_hit_rate_clamped") else ""
+        return f"hit {rate:.1f}%{mark}"
+
+    boxes = [(0.2, "SM", f"{_human(r.get('inst_issued'))} inst"),
+             (3.0, "L1/TEX", hit("l1")), (5.8, "L2", hit("l2")), (8.4, "DRAM", "")]
+    for x, name, sub in boxes:
+        ax.add_patch(FancyBboxPatch((x, 1.3), 1.4, 1.4, boxstyle="round,pad=0.05", facecolor="#eef2f5",
+                                    edgecolor="#55606b", linewidth=1.0))
+        ax.text(x + 0.7, 2.15, name, ha="center", va="center", fontsize=FONT + 1, fontweight="bold")
+        if sub:
+            ax.text(x + 0.7, 1.65, sub, ha="center", va="center", fontsize=FONT - 1)
+
+    def arrow(x0: float, x1: float, yy: float, text: str, above: bool) -> None:
+        ax.add_patch(FancyArrowPatch((x0, yy), (x1, yy), arrowstyle="-|>", mutation_scale=12, color="#1f5fa8",
+                                     linewidth=1.2))
+        ax.text((x0 + x1) / 2, yy + (0.12 if above else -0.12), text, ha="center", va="bottom" if above else "top",
+                fontsize=FONT - 2, linespacing=1.15)
+
+    def sec(v: object) -> str:
+        return _human(float(v)) if v is not None and not (isinstance(v, float) and math.isnan(v)) else "–"
+
+    def byt(v: object) -> str:
+        return _human(float(v), "B") if v is not None and not (isinstance(v, float) and math.isnan(v)) else "–"
+
+    spr = r.get("l1_sectors_per_load_request")
+    arrow(1.7, 2.95, 2.45, f"loads: {sec(r.get('l1_load_requests'))} req\n{sec(r.get('l1_load_sectors'))} sectors"
+          + (f" ({spr:.1f}/req)" if spr is not None and not (isinstance(spr, float) and math.isnan(spr)) else ""),
+          True)
+    arrow(1.7, 2.95, 1.55, f"stores: {sec(r.get('l1_store_requests'))} req\n{sec(r.get('l1_store_sectors'))} sectors",
+          False)
+    arrow(5.75, 4.45, 2.45, f"to L1: {byt(r.get('l2_to_l1_bytes'))}\nL2 reads {sec(r.get('l2_read_sectors'))} sectors",
+          True)
+    arrow(4.45, 5.75, 1.55, f"from L1: {byt(r.get('l1_to_l2_bytes'))}\nL2 writes {sec(r.get('l2_write_sectors'))} "
+          "sectors", False)
+    arrow(8.35, 7.25, 2.45, f"DRAM read\n{byt(r.get('dram_bytes_read'))}", True)
+    arrow(7.25, 8.35, 1.55, f"DRAM written\n{byt(r.get('dram_bytes_write'))}", False)
+    spills = r.get("l1_spill_sectors")
+    if spills is not None and not (isinstance(spills, float) and math.isnan(spills)) and spills > 0:
+        ax.text(3.7, 0.55, f"local memory (spills): {sec(spills)} sectors", ha="center", fontsize=FONT - 2,
+                color="#b3261e")
+    shared = r.get("l1_shared_wavefronts")
+    if shared is not None and not (isinstance(shared, float) and math.isnan(shared)) and shared > 0:
+        ax.text(3.7, 3.25, f"shared memory: {sec(shared)} wavefronts", ha="center", fontsize=FONT - 2)
+    return fig
+
+
+def roofline_figure(points: pd.DataFrame, roofs: pd.DataFrame, title: str) -> Figure:
+    """A hierarchical roofline (log-log): FLOP/s against arithmetic intensity. Ceilings:
+    each precision's peak (horizontal) and each memory level's bandwidth (diagonal),
+    from ncu's roofline counters; one marker per kernel x memory level with a bandwidth."""
+    fig, ax = _figure(4.4)
+    levels = [lv for lv in ("l1", "l2", "dram") if f"{lv}_intensity_flop_per_byte" in points.columns]
+    xs = pd.concat([points[f"{lv}_intensity_flop_per_byte"] for lv in levels]).dropna() if levels else pd.Series()
+    lo = float(min(xs.min(), 0.01)) / 4 if len(xs) else 0.01
+    hi = float(max(xs.max(), 100.0)) * 4 if len(xs) else 1e4
+    grid = np.geomspace(lo, hi, 200)
+    compute = roofs[roofs["kind"] == "compute"] if not roofs.empty else roofs
+    bandwidth = roofs[roofs["kind"] == "bandwidth"] if not roofs.empty else roofs
+    pk_max = float(compute["peak"].max()) if len(compute) else float(points["flop_per_s"].max()) * 10
+    styles = {"FP64": ":", "FP32": "-", "FP16": "-."}
+    for r in compute.to_dict("records"):
+        ax.axhline(r["peak"], color="#555555", linewidth=1.0, linestyle=styles.get(r["name"], "--"),
+                   label=f"{r['name']} peak {_human(r['peak'], 'FLOP/s')}")
+    bw_colors = {"DRAM": "#08519c", "L2": "#6baed6", "L1": "#9edae5"}
+    for r in bandwidth.to_dict("records"):
+        ax.plot(grid, np.minimum(grid * r["peak"], pk_max), color=bw_colors.get(r["name"], "#777777"),
+                linewidth=1.4, label=f"{r['name']} bandwidth {_human(r['peak'], 'B/s')}")
+    markers = {"dram": "o", "l2": "s", "l1": "^"}
+    kernels = list(dict.fromkeys(points["label"]))
+    for i, lab in enumerate(kernels):
+        d = points[points["label"] == lab]
+        color = _EXTRA_COLORS[i % len(_EXTRA_COLORS)] if i else "#d62728"
+        for lv in levels:
+            ax.scatter(d[f"{lv}_intensity_flop_per_byte"], d["flop_per_s"], s=36, marker=markers[lv], color=color,
+                       edgecolor="black", linewidth=0.5, zorder=4,
+                       label=_text(f"{lab} ({', '.join(d['precision'])}, {lv.upper()})", 56))
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ymin = float(points["flop_per_s"].min()) / 20 if len(points) else 1e6
+    ax.set_ylim(ymin, pk_max * 3)
+    _style(ax, title, "FLOP/s", "arithmetic intensity (FLOP per byte)")
+    _legend(ax, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return fig
+
+
+def sass_figure(d: pd.DataFrame, title: str) -> Figure:
+    """Rows in flight per warp in each variant's hot loop (SASS replay) beside the
+    model's assumption (loads in flight), one panel per architecture."""
+    archs = sorted(d["arch"].astype(str).unique())
+    fig = Figure(figsize=(WIDTH_IN, 2.9 * len(archs) + 0.5), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    for i, arch in enumerate(archs):
+        ax = fig.add_subplot(len(archs), 1, i + 1)
+        g = d[d["arch"].astype(str) == arch]
+        variants = order_variants(g["variant"])
+        g = g.set_index("variant").loc[variants]
+        x = np.arange(len(variants))
+        ax.bar(x - 0.2, g["rows_in_flight"].astype(float), 0.4, color="#1f77b4", label="SASS: rows in flight per warp")
+        if "model_loads_in_flight" in g.columns:
+            ax.bar(x + 0.2, g["model_loads_in_flight"].astype(float), 0.4, color="#ff9f4a",
+                   label="model: loads in flight (assumed)")
+        ax.set_xticks(x, [_text(v, 14) for v in variants])
+        _style(ax, f"{title}: {arch}", "rows in flight per warp")
+    handles, labels = fig.axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=FONT - 1, frameon=False, loc="outside lower center", ncols=2)
     return fig

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+import matplotlib
+
 from characterize import __version__
 from characterize.errors import ReportError
 from characterize.report.blocks import Missing
@@ -35,6 +37,8 @@ class RenderedPanel:
     missing: str | None = None
     missing_need: bool = False  # the reason is a missing input (then the panel lists what it needs)
     error: str | None = None
+    inherits: bool = False  # provenance and modes are the section's (said once there)
+    same_missing: bool = False  # missing for the reason the panel above gave
 
 
 @dataclass
@@ -42,6 +46,8 @@ class RenderedSection:
     id: str
     title: str
     panels: list[RenderedPanel]
+    provenance: list[Provenance] = field(default_factory=list)
+    modes: str = ""
 
 
 @dataclass
@@ -89,20 +95,45 @@ def _sections(panels: Sequence[Panel], src: Any, strict: bool) -> list[RenderedS
     for p in panels:
         sec = out.setdefault(p.section, RenderedSection(f"{src.slug}-sec-{_slug(p.section)}", p.section, []))
         sec.panels.append(_render_panel(p, src, strict))
+    for sec in out.values():
+        _hoist_provenance(sec)
     return list(out.values())
+
+
+def _hoist_provenance(sec: RenderedSection) -> None:
+    """Say provenance and collection modes once per section when every panel with data
+    shares them; a panel that differs keeps its own."""
+    for prev, p in zip(sec.panels, sec.panels[1:]):
+        p.same_missing = bool(p.missing and p.missing == prev.missing)
+    built = [p for p in sec.panels if not p.missing and not p.error] or \
+        [p for p in sec.panels if not p.error]  # a section with nothing measured still says its source once
+    if not built:
+        return
+    keys = {(tuple(pv.key for pv in p.provenance), p.modes) for p in built}
+    if len(keys) != 1:
+        return
+    sec.provenance, sec.modes = list(built[0].provenance), built[0].modes
+    for p in sec.panels:
+        if [pv.key for pv in p.provenance] == [pv.key for pv in sec.provenance] and (p.modes in ("", sec.modes)):
+            p.inherits = True
 
 
 def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
+#: comparison panels that only make sense between two stored runs
+RUN_ONLY_COMPARE = ("bench", "static", "predictions", "sass")
+
+
 def build_report(sources: Any, *, title: str | None = None, strict: bool = False,
-                 compare: bool = True) -> dict[str, Any]:
+                 compare: bool = True, pairs: Sequence[str] = ()) -> dict[str, Any]:
     """The template context of a report over `sources` (see render_report)."""
     items = list(sources) if isinstance(sources, (list, tuple)) else [sources]
     if not items:
         raise ReportError("nothing to report: give at least one run directory or report file")
     srcs = [open_source(s, i) for i, s in enumerate(items, 1)]
+    _distinct_labels(srcs)
     rendered = []
     for src in srcs:
         panels = RUN_PANELS if src.kind == "run" else IMPORT_PANELS
@@ -110,16 +141,28 @@ def build_report(sources: Any, *, title: str | None = None, strict: bool = False
         rendered.append(RenderedSource(src.slug, src.label, kind, _sections(panels, src, strict)))
     comparisons = []
     for i, other in enumerate(srcs[1:] if compare else [], 1):
-        pair = Pair(srcs[0], other, i)
-        panels = [p for p in COMPARE_PANELS if p.id != "bench" or (src_is_run(pair.a) and src_is_run(pair.b))]
+        pair = Pair(srcs[0], other, i, tuple(pairs))
+        both_runs = src_is_run(pair.a) and src_is_run(pair.b)
+        panels = [p for p in COMPARE_PANELS if p.id not in RUN_ONLY_COMPARE or both_runs]
         comparisons.append(RenderedSource(pair.slug, pair.label, "comparison", _sections(panels, pair, strict)))
     used = sorted({p.key for r in rendered + comparisons for sec in r.sections for pn in sec.panels
                    for p in pn.provenance}, key=list(PROVENANCE).index)
     return {
         "title": title or "characterize report: " + ", ".join(s.label for s in srcs),
         "sources": rendered, "comparisons": comparisons, "provenance": [PROVENANCE[k] for k in used],
-        "version": __version__, "css": (TEMPLATES / "report.css").read_text(),
+        "version": __version__, "matplotlib": matplotlib.__version__, "css": (TEMPLATES / "report.css").read_text(),
     }
+
+
+def _distinct_labels(srcs: list[Any]) -> None:
+    """Two sources with one name (two copies of a run) are told apart by their directory
+    or file name, else by their position, so comparison columns never share a header."""
+    names = [s.label for s in srcs]
+    for s in srcs:
+        if names.count(s.label) > 1:
+            where = s.run.path.name if isinstance(s, RunSource) else s.path.name
+            s.label = where if where != s.label and [x.label for x in srcs].count(where) == 0 else \
+                f"{s.label} [{s.index}]"
 
 
 def src_is_run(s: Any) -> bool:
@@ -133,27 +176,30 @@ def _environment():
                               undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
 
 
-def report_html(sources: Any, *, title: str | None = None, strict: bool = False, compare: bool = True) -> str:
+def report_html(sources: Any, *, title: str | None = None, strict: bool = False, compare: bool = True,
+                pairs: Sequence[str] = ()) -> str:
     """The report as an HTML string (for notebooks: IPython.display.HTML(report_html(run)))."""
     import markupsafe
 
-    ctx = build_report(sources, title=title, strict=strict, compare=compare)
+    ctx = build_report(sources, title=title, strict=strict, compare=compare, pairs=pairs)
     ctx["css"] = markupsafe.Markup(ctx["css"])  # our own stylesheet, never data
     return _environment().get_template("report.html").render(**ctx)
 
 
 def render_report(sources: Any, output: str | Path, *, title: str | None = None, strict: bool = False,
-                  compare: bool = True) -> Path:
+                  compare: bool = True, pairs: Sequence[str] = ()) -> Path:
     """Render one self-contained HTML report and return its path.
 
     sources: run directories or Run objects (full characterization report each) and
     ``.ncu-rep`` / ncu CSV files (generic per-kernel report each); a single source
     may be given bare. With two or more sources, each later one is also compared
-    with the first (unmatched points and kernels are listed) unless compare=False.
-    strict=True raises the first error of a panel builder instead of showing it.
+    with the first (unmatched points and kernels are listed) unless compare=False;
+    pairs: kernels to pair by hand in comparisons ("A=B": function names, demangled
+    names or #IDs). strict=True raises the first error of a panel builder instead of
+    showing it.
     """
     out = Path(output)
     if out.is_dir():
         out = out / "report.html"
-    write_atomic(out, report_html(sources, title=title, strict=strict, compare=compare))
+    write_atomic(out, report_html(sources, title=title, strict=strict, compare=compare, pairs=pairs))
     return out

@@ -12,6 +12,7 @@ from typing import Any
 import pandas as pd
 
 from characterize.analysis import compare as analyze
+from characterize.analysis import ncu
 from characterize.errors import CharacterizeError, ReportError
 from characterize.extract.read import read_any, wide
 from characterize.extract.rules import rule_results
@@ -32,6 +33,7 @@ class RunSource:
         self.slug = f"s{index}"
         self.label = run.name
         self.errors: dict[str, str] = {}
+        self.rule_errors: list[str] = []
 
     # ------------------------------------------------------------- raw data
     @property
@@ -84,6 +86,47 @@ class RunSource:
     @cached_property
     def lookup(self) -> pd.DataFrame:
         return analyze.lookup_kernels(self.kernels) if not self.kernels.empty else pd.DataFrame()
+
+    @cached_property
+    def kview(self) -> pd.DataFrame:
+        """One row per profiled kernel with speed-of-light, memory and stall columns
+        (analysis.ncu.kernel_summary; time shares within each point's report)."""
+        return ncu.kernel_summary(self.metrics) if not self.metrics.empty else pd.DataFrame()
+
+    @cached_property
+    def lookup_view(self) -> pd.DataFrame:
+        return analyze.lookup_kernels(self.kview) if not self.kview.empty else pd.DataFrame()
+
+    @cached_property
+    def rules(self) -> pd.DataFrame:
+        """ncu's rule findings of every profiled point, with the point's variant and dataset
+        (a report that cannot be read is noted in `rule_errors`)."""
+        frames = []
+        for p in self.profile_points:
+            if p.get("status") != "ok" or not p.get("report"):
+                continue
+            try:
+                r = rule_results(self.run.path / p["report"], run=self.run.name, allow_partial=True)
+            except CharacterizeError as e:
+                self.rule_errors.append(f"{p['variant']} · {p['dataset']}: rule findings could not be read: {e}")
+                continue
+            r["variant"], r["dataset"] = p["variant"], p["dataset"]
+            r["point"] = f"{p['variant']} · {p['dataset']}"
+            frames.append(r)
+        return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+    @cached_property
+    def sass(self) -> pd.DataFrame:
+        """The SASS hot-loop table (Run.sass when the store has it, else sass.csv)."""
+        try:
+            s = getattr(self.run, "sass", None)
+            if isinstance(s, pd.DataFrame):
+                return s
+            p = self.run.path / "sass.csv"
+            return pd.read_csv(p) if p.is_file() else pd.DataFrame()
+        except (CharacterizeError, ValueError, pd.errors.ParserError) as e:
+            self.errors["sass"] = str(e)
+            return pd.DataFrame()
 
     @cached_property
     def static(self) -> pd.DataFrame:
@@ -181,6 +224,7 @@ class ImportSource:
         self.errors: dict[str, str] = {}
         self.metrics = read_any(path, run=path.stem)
         self.kernels = wide(self.metrics)
+        self.kview = ncu.kernel_summary(self.metrics)
 
     @cached_property
     def rules(self) -> pd.DataFrame:
@@ -193,11 +237,13 @@ class ImportSource:
 
 @dataclass
 class Pair:
-    """Two sources compared: `b` against the reference `a`."""
+    """Two sources compared: `b` against the reference `a`; `pairs`: kernels paired by
+    hand (A=B, as `--pair` gives them)."""
 
     a: Any
     b: Any
     index: int
+    pairs: tuple[str, ...] = ()
 
     @property
     def slug(self) -> str:

@@ -1,3 +1,4 @@
+import json
 import math
 
 import numpy as np
@@ -73,3 +74,126 @@ def test_compare_command_on_reports(ncu_fixtures):
                                              if r["a"] not in (0, None))
     diff = CliRunner().invoke(main, ["compare", str(a), str(ncu_fixtures / "h800_sglang.ncu-rep")])
     assert diff.exit_code == 0 and "present in only one of them" in diff.output and "nodeByPoint" in diff.output
+
+
+# ------------------------------------------------------------ kernel matching
+def kernels(*names, report="r"):
+    return pd.DataFrame({"report": report, "kernel_id": range(len(names)), "function": list(names),
+                         "kernel_name": [f"void {n}(int)" for n in names]})
+
+
+def test_kernels_match_by_base_name_and_launch_order():
+    from characterize.analysis.compare import MATCH_EXACT, MATCH_MANUAL, MATCH_SIMILAR, match_kernels
+
+    a = kernels("gemm", "relu", "gemm", "softmax")
+    b = kernels("relu", "gemm", "gemm", "gemm", "layernorm")
+    m = match_kernels(a, b)
+    pairs = {(int(x), int(y), h) for x, y, h in zip(m["a_index"], m["b_index"], m["match"])
+             if pd.notna(x) and pd.notna(y)}
+    assert pairs == {(0, 1, MATCH_EXACT), (2, 2, MATCH_EXACT), (1, 0, MATCH_EXACT)}  # i-th launch with i-th
+    only = {(r["match"], int(r["a_index"]) if pd.notna(r["a_index"]) else int(r["b_index"]))
+            for r in m.to_dict("records") if r["match"].startswith("only")}
+    assert only == {("only in a", 3), ("only in b", 3), ("only in b", 4)}
+    # renamed between two reports: nodeByPoint5 ~ nodeByPoint, first launch with first launch
+    m = match_kernels(kernels("nodeByPoint"), kernels(*["nodeByPoint5"] * 4))
+    assert m.iloc[0]["match"] == MATCH_SIMILAR and m.iloc[0]["b_index"] == 0 and (m["match"] == "only in b").sum() == 3
+    # by hand: --pair nodeByPoint=#2, and by demangled name
+    m = match_kernels(kernels("nodeByPoint"), kernels(*["nodeByPoint5"] * 4), pairs=["nodeByPoint=#2"])
+    assert m.iloc[0]["match"] == MATCH_MANUAL and m.iloc[0]["b_index"] == 2
+    m = match_kernels(kernels("x"), kernels("y"), pairs={"void x(int)": "y"})
+    assert m.iloc[0]["match"] == MATCH_MANUAL
+    # within each point of two runs only
+    a = kernels("k", "k").assign(variant=["base", "warp"], dataset="medium")
+    b = kernels("k").assign(variant="warp", dataset="medium")
+    m = match_kernels(a, b, keys=("variant", "dataset"))
+    assert set(zip(m["variant"], m["match"])) == {("base", "only in a"), ("warp", MATCH_EXACT)}
+
+
+def test_a_malformed_pair_is_refused():
+    from characterize.analysis.compare import parse_pairs
+    from characterize.errors import ConfigError
+
+    assert parse_pairs(["a=b", " x = #3 "]) == [("a", "b"), ("x", "#3")]
+    with pytest.raises(ConfigError, match="KERNEL_A=KERNEL_B"):
+        parse_pairs(["nodeByPoint"])
+
+
+def test_timings_diff_with_significance():
+    from characterize.analysis.compare import diff_bench
+
+    a = bench_frame()
+    b = a.copy()
+    b.loc[b["variant"] == "warp", "per_table_us"] *= 0.9  # 40 -> 36 µs: CIs of 1 µs, significant
+    b.loc[b["variant"] == "optmt", "per_table_us"] += 0.5  # within the CIs
+    both, un = diff_bench(a, b)
+    r = both.set_index(["variant", "dataset"])
+    assert r.loc[("warp", "one-item"), "significant"] and r.loc[("warp", "one-item"), "delta_pct"] == pytest.approx(-10)
+    assert r.loc[("optmt", "random"), "significant"] is False or not r.loc[("optmt", "random"), "significant"]
+    assert un.empty
+
+
+def test_static_and_prediction_diffs_of_two_runs():
+    from characterize.analysis.compare import diff_predictions, diff_static
+
+    s = pd.DataFrame({"variant": ["base", "rpf"], "arch": "sm_80", "role": "lookup", "maxrregcount": [None, 48.0],
+                      "sweep": False, "registers": [54, 48], "spill_stores": [0, 76], "spill_loads": [0, 120]})
+    t = s.copy()
+    t.loc[1, "spill_loads"] = 12
+    changed, un, same = diff_static(s, t)
+    assert same == 1 and un.empty and changed.to_dict("records")[0] | {} == {
+        "variant": "rpf", "arch": "sm_80", "role": "lookup", "maxrregcount": "48", "sweep": "false",
+        "column": "spill_loads", "a": 120, "b": 12, "delta": -108}
+    p = pd.DataFrame({"variant": ["base", "rpf"], "dataset": "medium", "gpu": "a100-80gb", "mode": "steady",
+                      "time_us": [100.0, 50.0], "time_us_low": [90.0, 45.0], "time_us_high": [120.0, 60.0]})
+    q = p.copy()
+    q.loc[1, ["time_us", "time_us_low", "time_us_high"]] = [70.0, 63.0, 84.0]  # leaves the old band
+    q.loc[0, "time_us"] = 101.0
+    both, un = diff_predictions(p, q)
+    r = both.set_index("variant")
+    assert r.loc["rpf", "outside_band"] and not r.loc["base", "outside_band"]
+    assert r.loc["rpf", "delta_pct"] == pytest.approx(40)
+    assert diff_predictions(p.drop(columns=["time_us_low", "time_us_high"]), q)[0]["outside_band"].isna().all()
+
+
+def test_compare_two_runs_without_a_gpu(tmp_path):
+    """Two no-GPU runs (two commits) compare on their static tables and predictions; exit 0."""
+    import shutil
+    from pathlib import Path
+
+    from click.testing import CliRunner
+
+    from characterize.cli import main
+
+    paper = Path(__file__).parents[2] / "profiles" / "static-paper"
+    a, b = tmp_path / "a", tmp_path / "b"
+    shutil.copytree(paper, a)
+    shutil.copytree(paper, b)
+    s = pd.read_csv(b / "static.csv")
+    s.loc[s["variant"] == "rpf", "spill_loads"] += 8
+    s.to_csv(b / "static.csv", index=False)
+    p = pd.read_csv(b / "predictions.csv")
+    p.loc[p["variant"] == "warp", "time_us"] *= 1.2
+    p.to_csv(b / "predictions.csv", index=False)
+    r = CliRunner().invoke(main, ["compare", str(a), str(b)])
+    assert r.exit_code == 0, r.output
+    assert "Static characterization: changed values" in r.output and "spill_loads" in r.output
+    assert "Model predictions (PREDICTED" in r.output and "warp" in r.output
+    j = CliRunner().invoke(main, ["compare", str(a), str(b), "--json"])
+    data = json.loads(j.output)
+    assert len(data["static"]) > 0 and len(data["predictions"]) == len(p)
+
+
+def test_compare_command_pairs_by_hand(ncu_fixtures):
+    from click.testing import CliRunner
+
+    from characterize.cli import main
+
+    a, b = ncu_fixtures / "a100_mistic_msdnew.ncu-rep", ncu_fixtures / "a100_mistic_msdkt23.ncu-rep"
+    r = CliRunner().invoke(main, ["compare", str(a), str(b)])
+    assert r.exit_code == 0 and "similar name + launch order" in r.output and "#0 nodeByPoint5 (1 of 4)" in r.output
+    r = CliRunner().invoke(main, ["compare", str(a), str(b), "--pair", "nodeByPoint=#2", "--json"])
+    data = json.loads(r.output)
+    assert {x["b_kernel"] for x in data["kernels"]} == {"#2 nodeByPoint5 (3 of 4)"}
+    assert {x["match"] for x in data["kernels"]} == {"manual (--pair)"}
+    bad = CliRunner().invoke(main, ["compare", str(a), str(b), "--pair", "nodeByPoint"])
+    assert bad.exit_code != 0 and "KERNEL_A=KERNEL_B" in bad.output

@@ -10,210 +10,20 @@ screenshot of the page is saved under tests/artifacts/ (git-ignored).
 
 from __future__ import annotations
 
-import base64
-import json
-import os
-import select
 import shutil
-import subprocess
-import time
 from pathlib import Path
-from typing import Any
 
+import pandas as pd
 import pytest
 
 from characterize.report.render import render_report
+from tests.conftest import fixtures_dir
+from tests.report.browser import CHECK_PAGE, Browser, chromium_path
 from tests.report.test_report import HOSTILE_KERNEL, hostile_csv, make_gpu_run, profile_fixture
 
 ARTIFACTS = Path(__file__).parents[1] / "artifacts"
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--disable-extensions", "--disable-default-apps", "--mute-audio", "--hide-scrollbars"]
-
-
-def chromium_path() -> str | None:
-    """$CHARACTERIZE_CHROMIUM, else Debian's /usr/bin/chromium, else chromium on PATH."""
-    env = os.environ.get("CHARACTERIZE_CHROMIUM")
-    if env:
-        return env if os.access(env, os.X_OK) else None
-    if os.access("/usr/bin/chromium", os.X_OK):
-        return "/usr/bin/chromium"
-    return shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-class Browser:
-    """Headless Chromium over the DevTools Protocol on fds 3 (commands in) and 4 (replies out);
-    messages are JSON terminated by NUL."""
-
-    def __init__(self, executable: str, user_data_dir: Path, timeout: float = 60.0):
-        self.timeout = timeout
-        to_chrome_r, self._to_chrome = os.pipe()
-        self._from_chrome, from_chrome_w = os.pipe()
-
-        def child_fds() -> None:  # runs in the child: put the pipe ends on fds 3 and 4
-            a, b = os.dup(to_chrome_r), os.dup(from_chrome_w)
-            os.dup2(a, 3)
-            os.dup2(b, 4)
-
-        argv = [executable, *CHROMIUM_FLAGS, f"--user-data-dir={user_data_dir}", "--remote-debugging-pipe",
-                "about:blank"]
-        self.proc = subprocess.Popen(argv, preexec_fn=child_fds, close_fds=False, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        os.close(to_chrome_r)
-        os.close(from_chrome_w)
-        self._buf = b""
-        self._next_id = 0
-        self.events: list[dict[str, Any]] = []
-
-    # -------------------------------------------------------------- protocol
-    def _read_message(self, deadline: float) -> dict[str, Any]:
-        while b"\0" not in self._buf:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError("no answer from Chromium over the DevTools pipe")
-            ready, _, _ = select.select([self._from_chrome], [], [], left)
-            if ready:
-                chunk = os.read(self._from_chrome, 1 << 20)
-                if not chunk:
-                    raise RuntimeError(f"Chromium closed the DevTools pipe: {self.stderr_tail()}")
-                self._buf += chunk
-        raw, self._buf = self._buf.split(b"\0", 1)
-        return json.loads(raw)
-
-    def send(self, method: str, params: dict | None = None, session: str | None = None) -> dict[str, Any]:
-        self._next_id += 1
-        msg: dict[str, Any] = {"id": self._next_id, "method": method, "params": params or {}}
-        if session:
-            msg["sessionId"] = session
-        os.write(self._to_chrome, json.dumps(msg).encode() + b"\0")
-        deadline = time.monotonic() + self.timeout
-        while True:
-            reply = self._read_message(deadline)
-            if reply.get("id") == self._next_id:
-                if "error" in reply:
-                    raise RuntimeError(f"{method}: {reply['error']}")
-                return reply.get("result", {})
-            self.events.append(reply)
-
-    def wait_for(self, method: str, session: str | None = None) -> dict[str, Any]:
-        deadline = time.monotonic() + self.timeout
-        for i, ev in enumerate(self.events):
-            if ev.get("method") == method and (session is None or ev.get("sessionId") == session):
-                return self.events.pop(i)
-        while True:
-            ev = self._read_message(deadline)
-            if ev.get("method") == method and (session is None or ev.get("sessionId") == session):
-                return ev
-            self.events.append(ev)
-
-    def stderr_tail(self) -> str:
-        if self.proc.poll() is None:
-            return "(still running)"
-        return (self.proc.stderr.read() or b"").decode(errors="replace")[-2000:]
-
-    def close(self) -> None:
-        try:
-            if self.proc.poll() is None:
-                self.send("Browser.close")
-        except (RuntimeError, TimeoutError, OSError):
-            pass
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        for fd in (self._to_chrome, self._from_chrome):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        if self.proc.stderr:
-            self.proc.stderr.close()
-
-    # ---------------------------------------------------------------- a page
-    def open_page(self, url: str, width: int = 1280, height: int = 900) -> str:
-        target = self.send("Target.createTarget", {"url": "about:blank"})["targetId"]
-        session = self.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
-        for domain in ("Page", "Runtime", "Log", "Network"):
-            self.send(f"{domain}.enable", session=session)
-        self.send("Emulation.setDeviceMetricsOverride", {"width": width, "height": height, "deviceScaleFactor": 1,
-                                                         "mobile": False}, session=session)
-        self.events.clear()
-        self.send("Page.navigate", {"url": url}, session=session)
-        self.wait_for("Page.loadEventFired", session)
-        return session
-
-    def evaluate(self, session: str, expression: str) -> Any:
-        r = self.send("Runtime.evaluate", {"expression": expression, "awaitPromise": True, "returnByValue": True},
-                      session=session)
-        if "exceptionDetails" in r:
-            raise RuntimeError(f"page script failed: {r['exceptionDetails']}")
-        return r["result"].get("value")
-
-    def screenshot(self, session: str, path: Path, max_height: int = 16000) -> Path:
-        size = self.send("Page.getLayoutMetrics", session=session)["cssContentSize"]
-        clip = {"x": 0, "y": 0, "width": size["width"], "height": min(size["height"], max_height), "scale": 1}
-        data = self.send("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True, "clip": clip},
-                         session=session)["data"]
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(base64.b64decode(data))
-        return path
-
-    def problems(self) -> list[str]:
-        """Console errors, uncaught exceptions, error log entries and requests leaving the page."""
-        out = []
-        for ev in self.events:
-            m, p = ev.get("method"), ev.get("params", {})
-            if m == "Runtime.consoleAPICalled" and p.get("type") in ("error", "assert"):
-                out.append("console: " + " ".join(str(a.get("value", a.get("description", ""))) for a in p["args"]))
-            elif m == "Runtime.exceptionThrown":
-                out.append("exception: " + json.dumps(p.get("exceptionDetails", {}))[:500])
-            elif m == "Log.entryAdded" and p.get("entry", {}).get("level") == "error":
-                out.append("log: " + p["entry"].get("text", ""))
-            elif m == "Network.requestWillBeSent":
-                url = p.get("request", {}).get("url", "")
-                if not url.startswith(("data:", "file:", "about:")):
-                    out.append("request: " + url)
-            elif m == "Network.loadingFailed":
-                out.append("failed load: " + p.get("errorText", ""))
-        return out
-
-
-# Per figure: decoded size and the variance of pixel brightness drawn back through a canvas
-# (every 7th pixel); the document's text; elements that hostile names could have produced.
-CHECK_PAGE = """
-(async () => {
-  const imgs = [...document.images];
-  await Promise.all(imgs.map(i => i.decode().catch(() => null)));
-  const figures = imgs.map(img => {
-    const c = document.createElement('canvas');
-    c.width = img.naturalWidth; c.height = img.naturalHeight;
-    const ctx = c.getContext('2d');
-    if (!c.width || !c.height) return {src: img.src.slice(0, 30), complete: img.complete, w: 0, h: 0, variance: 0};
-    ctx.drawImage(img, 0, 0);
-    const d = ctx.getImageData(0, 0, c.width, c.height).data;
-    let n = 0, s = 0, s2 = 0, dark = 0;
-    for (let i = 0; i < d.length; i += 4 * 7) {
-      const v = (d[i] + d[i + 1] + d[i + 2]) / 3;
-      n++; s += v; s2 += v * v; if (v < 128) dark++;
-    }
-    const mean = s / n;
-    return {src: img.src.slice(0, 30), complete: img.complete, w: img.naturalWidth, h: img.naturalHeight,
-            variance: s2 / n - mean * mean, dark: dark / n,
-            shown: img.getBoundingClientRect().width > 0 || img.closest('details:not([open])') !== null};
-  });
-  return {
-    figures,
-    figureElements: document.querySelectorAll('figure').length,
-    svgs: document.querySelectorAll('svg').length,
-    scripts: document.querySelectorAll('script').length,
-    text: document.body.innerText,
-    kernelCells: [...document.querySelectorAll('td.kname')].map(td => td.textContent),
-    strayElements: document.querySelectorAll('k, float, long, script, iframe, object, embed').length,
-    title: document.title,
-  };
-})()
-"""
+PAPER_RUN = Path(__file__).parents[2] / "profiles" / "static-paper"
+SASS_CSV = Path(__file__).parents[1] / "data" / "sass_hot_loops.csv"
 
 
 @pytest.fixture(scope="module")
@@ -225,6 +35,7 @@ def chromium() -> str:
     return path
 
 
+@pytest.mark.slow
 def test_report_in_headless_chromium(chromium, tmp_path, record_property):
     run = make_gpu_run(tmp_path / "a100-run", tmp_path, profile_report=profile_fixture())
     report = render_report([run, hostile_csv(tmp_path)], tmp_path / "report.html", title="characterize: browser check")
@@ -250,3 +61,117 @@ def test_report_in_headless_chromium(chromium, tmp_path, record_property):
     assert HOSTILE_KERNEL in page["text"] and HOSTILE_KERNEL in page["kernelCells"]
     assert "CUDA events (GPU)" in page["text"] and "Nsight Compute" in page["text"]
     assert shot.is_file() and shot.read_bytes().startswith(b"\x89PNG")
+
+
+# ------------------------------------------------------ every fixture, every new panel
+#: the panels of an imported report this check requires, and the one whose data an older GPU or a
+#: smaller section set may lack (then it must say why)
+IMPORT_PANELS_CHECKED = ("time", "sol", "roofline", "memory", "stalls", "occupancy", "kernels", "rules")
+MAY_LACK = {"roofline": "roofline counters"}
+
+
+def _fixture_reports() -> list[str]:
+    d = fixtures_dir()
+    return sorted(p.name for p in d.glob("*.ncu-rep")) if d.is_dir() else []
+
+
+def _check_page(chromium: str, html: Path, tmp: Path, shots: str) -> dict:
+    """Open a report, check it like a user would, and screenshot every panel into
+    tests/artifacts/panels/<shots>/<panel>.png."""
+    browser = Browser(chromium, tmp / "chromium-profile")
+    try:
+        session = browser.open_page(html.resolve().as_uri(), width=1300)
+        page = browser.evaluate(session, CHECK_PAGE)
+        page["shots"] = {}
+        for panel in page["panels"]:
+            out = browser.element_screenshot(session, f'[id="{panel["id"]}"]', ARTIFACTS / "panels" / shots /
+                                             f"{panel['id']}.png")
+            page["shots"][panel["id"]] = out
+        page["problems"] = browser.problems()
+    finally:
+        browser.close()
+    assert page["problems"] == []
+    assert page["scripts"] == 0 and page["strayElements"] == 0
+    for f in page["figures"]:
+        assert f["complete"] and f["w"] > 100 and f["h"] > 100, f
+        assert f["variance"] > 50 and 0.001 < f["dark"] < 0.9, f  # drawn on, not blank
+    assert not [p["id"] for p in page["panels"] if p["error"]]
+    return page
+
+
+def _panel(page: dict, pid: str) -> dict:
+    found = [p for p in page["panels"] if p["id"] == pid]
+    assert found, f"panel {pid} is not on the page"
+    return found[0]
+
+
+def _shown(page: dict, pid: str, figures: int = 1) -> None:
+    """The panel is there, has data, its figures are drawn, and its screenshot is not blank."""
+    p = _panel(page, pid)
+    assert not p["missing"], pid
+    assert len(p["figures"]) >= figures, (pid, len(p["figures"]))
+    assert p["tables"] or p["figures"], pid
+    shot = page["shots"][pid]
+    assert shot is not None and shot.read_bytes().startswith(b"\x89PNG") and shot.stat().st_size > 3000, pid
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", _fixture_reports() or ["(no fixtures)"])
+def test_every_fixture_report_shows_every_new_panel(chromium, ncu_fixtures, name, tmp_path):
+    html = render_report([ncu_fixtures / name], tmp_path / "report.html", strict=True)
+    page = _check_page(chromium, html, tmp_path, Path(name).stem)
+    for pid in IMPORT_PANELS_CHECKED:
+        p = _panel(page, f"s1-{pid}")
+        if p["missing"] and pid in MAY_LACK:
+            text = (tmp_path / "report.html").read_text()
+            assert MAY_LACK[pid] in text, f"{pid} is missing without saying why"
+            continue
+        _shown(page, f"s1-{pid}", figures=0 if pid in ("kernels", "rules") else 1)
+    assert "The kernel that matters is" in page["text"]
+    assert "finding(s) x" in page["text"]  # the ranked rule x kernel matrix
+
+
+@pytest.mark.slow
+def test_no_gpu_runs_and_their_comparison(chromium, tmp_path):
+    """The committed no-GPU run (plus a SASS table) and a second one made by another
+    commit: predictions in the headline, locality from K = 1, the SASS panel, and the
+    static, SASS and prediction diffs of the two."""
+    a = tmp_path / "static-paper"
+    shutil.copytree(PAPER_RUN, a)
+    shutil.copy(SASS_CSV, a / "sass.csv")
+    b = tmp_path / "static-paper-next"
+    shutil.copytree(a, b)
+    static = pd.read_csv(b / "static.csv")
+    static.loc[static["variant"] == "rpf", "spill_loads"] += 8
+    static.to_csv(b / "static.csv", index=False)
+    sass = pd.read_csv(b / "sass.csv")
+    sass.loc[sass["variant"] == "rpf", "rows_in_flight"] += 0.5
+    sass.to_csv(b / "sass.csv", index=False)
+    pred = pd.read_csv(b / "predictions.csv")
+    pred.loc[pred["variant"] == "rpf", "time_us"] *= 1.1
+    pred.to_csv(b / "predictions.csv", index=False)
+    html = render_report([a, b], tmp_path / "runs.html", strict=True)
+    page = _check_page(chromium, html, tmp_path, "no-gpu-runs")
+    for pid in ("headline", "static", "predictions"):
+        _shown(page, f"s1-{pid}", figures=0)
+    for pid in ("locality", "sweep", "sass"):
+        _shown(page, f"s1-{pid}")
+    for pid in ("static", "sass", "predictions"):
+        _shown(page, f"c1-{pid}", figures=0)
+    text = page["text"]
+    assert "PREDICTED speedup over base" in text and "MODEL'S PREDICTIONS, not measurements" in text
+    assert "rows in flight (SASS)" in text and "model assumes" in text
+    assert "spill_loads" in text and "rpf" in text
+
+
+@pytest.mark.slow
+def test_gpu_run_new_panels_in_chromium(chromium, tmp_path):
+    if profile_fixture() is None:
+        pytest.skip("needs the real A100 report for the profiled points")
+    run = make_gpu_run(tmp_path / "a100-run", tmp_path, profile_report=profile_fixture())
+    shutil.copy(SASS_CSV, run / "sass.csv")
+    html = render_report([run], tmp_path / "run.html", strict=True)
+    page = _check_page(chromium, html, tmp_path, "gpu-run")
+    for pid in ("sol", "roofline", "memory", "stalls", "occupancy", "sass", "headline"):
+        _shown(page, f"s1-{pid}", figures=0 if pid == "headline" else 1)
+    _shown(page, "s1-rules", figures=0)

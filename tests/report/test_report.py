@@ -122,7 +122,9 @@ def make_gpu_run(path: Path, tmp: Path, *, variants=("torch", "base", "optmt", "
                     t = 0.9 * BASE_US.get(d, 200) * FACTOR[v] * (0.8 if arch == "sm_90" else 1.0)
                     rows.append({"variant": v, "dataset": d, "arch": arch, "gpu": gpu, "mode": "steady",
                                  "l2_hit_rate_pct": 40.0 + 10 * FACTOR[v], "dram_bytes": 3e6, "l2_bytes": 5e6,
-                                 "time_us": t, "speedup_vs_base": 1 / FACTOR[v]})
+                                 "time_us": t, "time_us_low": 0.8 * t, "time_us_high": 1.3 * t,
+                                 "speedup_vs_base": 1 / FACTOR[v], "loads_in_flight": 3 if v in ("rpf", "combined")
+                                 else 8 if v == "warp" else 1})
         run.write_table("predictions", pd.DataFrame(rows))
     run.update_meta(steps={"static": "done", "locality": "done", "bench": "done", "profile": "done"})
     return path
@@ -138,6 +140,23 @@ def panel_html(html: str, panel_id: str) -> str:
     start = html.index(f'id="{panel_id}"')
     nxt = re.compile(r'<div class="panel[ "]').search(html, start + 1)
     return html[start: nxt.start() if nxt else len(html)]
+
+
+def with_section(html: str, panel_id: str) -> str:
+    """A panel's HTML preceded by its section's provenance line (said once per section)."""
+    start = html.index(f'id="{panel_id}"')
+    sec = html.rfind("<section id=", 0, start)
+    head = html[sec:html.index('<div class="panel', sec)] if sec >= 0 else ""
+    return head + panel_html(html, panel_id)
+
+
+def reason(html: str, panel_id: str) -> str:
+    """A missing panel's reason, following 'for the reason given above' to the panel it names."""
+    part = panel_html(html, panel_id)
+    if "for the reason given above" not in part:
+        return part
+    ids = re.findall(r'<div class="panel[^"]*" id="([^"]+)"', html)
+    return reason(html, ids[ids.index(panel_id) - 1])
 
 
 def is_missing(html: str, panel_id: str) -> bool:
@@ -236,11 +255,11 @@ def test_gpu_run_renders_every_section_with_provenance(gpu_html):
                  "git revision", "command line", "torch"):
         assert text in env, text
     # provenance of every kind of number
-    assert "CUDA events (GPU)" in panel_html(html, "s1-latency")
-    assert "static analysis" in panel_html(html, "s1-static") and "trace analysis" in panel_html(html, "s1-locality")
+    assert "CUDA events (GPU)" in with_section(html, "s1-latency")
+    assert "static analysis" in with_section(html, "s1-static") and "trace analysis" in with_section(html, "s1-locality")
     preds = panel_html(html, "s1-predictions")
     assert "model prediction" in preds and "PREDICTED speedup over base on a100-80gb" in preds and "+103%" in preds
-    assert "CPU emulation" not in panel_html(html, "s1-latency")
+    assert "CPU emulation" not in with_section(html, "s1-latency")
     assert "steady mode: L2 warm" in html and "cold mode: L2 flushed" in html and "not locked" in html
     # headline beside the paper's claims
     head = panel_html(html, "s1-headline")
@@ -262,17 +281,18 @@ def test_gpu_run_ncu_sections(gpu_html):
     html = gpu_html
     for pid in ("occupancy", "stalls", "memory", "kernels", "rules"):
         assert not is_missing(html, f"s1-{pid}"), pid
-        assert "Nsight Compute" in panel_html(html, f"s1-{pid}")
-    occ = panel_html(html, "s1-occupancy")
+        assert "Nsight Compute" in with_section(html, f"s1-{pid}")
+    occ = with_section(html, "s1-occupancy")
     assert "80.6%" in occ and "--cache-control none" in occ and "--clock-control base" in occ
     for pid in ("stalls", "memory"):
-        part = panel_html(html, f"s1-{pid}")
+        part = with_section(html, f"s1-{pid}")
         assert "<figcaption>" in part and "--cache-control none" in part
     assert "long scoreboard" in panel_html(html, "s1-stalls")
     rules = panel_html(html, "s1-rules")
     assert "Uncoalesced Global Accesses" in rules and "@section:" not in rules
 
 
+@pytest.mark.slow
 def test_figures_and_pages_are_deterministic(small_run, tmp_path):
     a = render_report([small_run], tmp_path / "a.html").read_bytes()
     b = render_report([small_run], tmp_path / "b.html").read_bytes()
@@ -285,11 +305,11 @@ def test_figures_and_pages_are_deterministic(small_run, tmp_path):
 def test_emulated_run_is_labelled_cpu_emulation(emulated_run, tmp_path):
     html = render_report([emulated_run], tmp_path / "emu.html", strict=True).read_text()
     for pid in ("headline", "latency", "speedup", "bandwidth", "prepass"):
-        part = panel_html(html, f"s1-{pid}")
+        part = with_section(html, f"s1-{pid}")
         assert "CPU emulation: NOT GPU performance" in part and "CUDA events (GPU)" not in part, pid
     assert "say NOTHING about GPU performance" in panel_html(html, "s1-headline")
     assert "meta.json has no GPU" in panel_html(html, "s1-bandwidth")
-    assert "no predictions.csv" in panel_html(html, "s1-predicted-vs-measured")
+    assert "no predictions.csv" in reason(html, "s1-predicted-vs-measured")
     assert "no predictions.csv" in panel_html(html, "s1-predictions")
     assert not is_missing(html, "s1-locality")
     if (emulated_run / "static.csv").is_file():
@@ -299,7 +319,7 @@ def test_emulated_run_is_labelled_cpu_emulation(emulated_run, tmp_path):
     else:
         assert "no static.csv" in panel_html(html, "s1-static")
     if profile_fixture() is not None:
-        assert not is_missing(html, "s1-occupancy") and "--cache-control none" in panel_html(html, "s1-occupancy")
+        assert not is_missing(html, "s1-occupancy") and "--cache-control none" in with_section(html, "s1-occupancy")
     else:
         assert is_missing(html, "s1-occupancy")
 
@@ -316,9 +336,9 @@ def test_static_and_locality_only_run_says_why_the_rest_is_missing(tmp_path):
     html = report_html([path], strict=True)
     assert not is_missing(html, "s1-locality")
     for pid in ("headline", "latency", "speedup", "bandwidth", "prepass"):
-        assert is_missing(html, f"s1-{pid}") and "no CUDA GPU on this machine" in panel_html(html, f"s1-{pid}")
+        assert is_missing(html, f"s1-{pid}") and "no CUDA GPU on this machine" in reason(html, f"s1-{pid}")
     for pid in ("occupancy", "stalls", "memory", "kernels", "rules"):
-        assert is_missing(html, f"s1-{pid}") and "profile step was skipped" in panel_html(html, f"s1-{pid}")
+        assert is_missing(html, f"s1-{pid}") and "profile step was skipped" in reason(html, f"s1-{pid}")
     assert "static step was skipped: no nvcc" in panel_html(html, "s1-static")
     assert "no predictions.csv" in panel_html(html, "s1-predictions")
     assert "No failed points." in panel_html(html, "s1-failures")
@@ -334,7 +354,7 @@ def test_a_run_whose_points_all_failed_lists_the_failures(tmp_path):
     run.write_point("profile", "base", "medium", {"status": "failed", "error": "ERR_NVGPUCTRPERM <no permission>"})
     html = report_html(load_run(path), strict=True)
     assert "all 2 bench point(s) failed" in panel_html(html, "s1-latency")
-    assert "all 1 profile point(s) failed" in panel_html(html, "s1-occupancy")
+    assert "all 1 profile point(s) failed" in reason(html, "s1-occupancy")
     fails = panel_html(html, "s1-failures")
     assert "index 5000 outside E=1009" in fails and "ERR_NVGPUCTRPERM &lt;no permission&gt;" in fails
     assert "no locality.json" in panel_html(html, "s1-locality")
@@ -355,29 +375,32 @@ def test_an_unreadable_report_costs_only_its_point(tmp_path):
     assert "rule findings could not be read" in panel_html(html, "s1-rules")
 
 
-def test_a_broken_panel_is_shown_not_fatal(small_run, monkeypatch):
+def test_a_broken_panel_is_shown_not_fatal(monkeypatch, tmp_path):
     def boom(src):
         raise RuntimeError("exploded <here>")
 
-    monkeypatch.setattr(rpt, "RUN_PANELS", rpt.RUN_PANELS + (Panel("boom", "Boom", "Overview", (), ("meta",),
-                                                                   "a test panel", boom),))
-    html = report_html([small_run])
+    # only the panel under test: the others are checked elsewhere
+    monkeypatch.setattr(rpt, "RUN_PANELS", rpt.RUN_PANELS[:2] + (Panel("boom", "Boom", "Overview", (), ("meta",),
+                                                                       "a test panel", boom),))
+    path = make_gpu_run(tmp_path / "tiny", tmp_path, variants=("base",), datasets=("medium",), modes=("steady",),
+                        predictions=False, static=False, locality=False, failed_profile=None)
+    html = report_html([path])
     assert "could not be built" in panel_html(html, "s1-boom") and "exploded &lt;here&gt;" in html
     with pytest.raises(RuntimeError):
-        report_html([small_run], strict=True)
+        report_html([path], strict=True)
 
 
 # ------------------------------------------------------------ imported files
 def test_imported_ncu_report_renders_as_a_generic_kernel_report(ncu_fixtures, tmp_path):
     out = render_report([ncu_fixtures / "h800_sglang.ncu-rep"], tmp_path / "sglang.html", strict=True)
     html = out.read_text()
-    for pid in ("summary", "kernels", "figures", "stalls", "rules"):
+    for pid in ("summary", "time", "sol", "roofline", "memory", "stalls", "occupancy", "kernels", "rules"):
         assert f'id="s1-{pid}"' in html and not is_missing(html, f"s1-{pid}"), pid
     assert "Headline" not in html and "Trace locality" not in html
     kernels = panel_html(html, "s1-kernels")
-    assert "flash_fwd_kernel&lt;Flash_fwd_kernel_traits&lt;" in kernels and "NVIDIA H800" in kernels
+    assert "flash_fwd_kernel&lt;Flash_fwd_kernel_traits&lt;" in kernels and "NVIDIA H800" in panel_html(html, "s1-summary")
     assert "const at::TensorBase &amp;" in kernels and "<Flash_fwd" not in html
-    assert "collection modes not recorded" in html and "Nsight Compute" in panel_html(html, "s1-kernels")
+    assert "not recorded in the report" in html and "Nsight Compute" in with_section(html, "s1-kernels")
     assert "ERROR" in panel_html(html, "s1-rules")
     assert len(images(html)) >= 3
 
@@ -452,7 +475,7 @@ def test_two_runs_compare_and_list_unmatched_points_and_kernels(tmp_path):
     assert re.search(r"warp</td><td[^>]*>medium</td><td[^>]*>steady</td><td[^>]*>b</td>", bench)
     metrics = panel_html(html, "c1-metrics")
     assert "Unmatched kernels (2)" in metrics and "chz_warp_kernel" in metrics and "L2 hit rate" in metrics
-    assert "Nsight Compute" in metrics
+    assert "Nsight Compute" in with_section(html, "c1-metrics")
 
 
 def test_a_run_compared_with_an_imported_report(small_run, tmp_path):
@@ -470,6 +493,7 @@ def test_render_report_takes_a_bare_source_and_returns_the_path(small_run, tmp_p
 
 
 # --------------------------------------------------------------- performance
+@pytest.mark.slow
 def test_paper_size_report_renders_in_seconds(tmp_path):
     datasets = ("one-item", "high", "medium", "low", "random")
     variants = tuple(FACTOR)
@@ -488,3 +512,105 @@ def test_paper_size_report_renders_in_seconds(tmp_path):
     print(f"paper-size report rendered in {seconds:.2f} s ({len(html) / 1e6:.1f} MB)")
     assert seconds < 30
     assert not is_missing(html, "s1-headline") and "panel is-error" not in html
+
+
+# -------------------------------------------------- issue 11: what a colleague needs
+PAPER_RUN = Path(__file__).parents[2] / "profiles" / "static-paper"
+SASS_CSV = Path(__file__).parents[1] / "data" / "sass_hot_loops.csv"
+
+
+@pytest.fixture(scope="module")
+def no_gpu_run(tmp_path_factory) -> Path:
+    """The committed no-GPU run with a model band and a SASS table, as the current pipeline writes them."""
+    path = tmp_path_factory.mktemp("nogpu") / "static-paper"
+    shutil.copytree(PAPER_RUN, path)
+    p = pd.read_csv(path / "predictions.csv")
+    if "time_us_low" not in p.columns:
+        p["time_us_low"], p["time_us_high"] = 0.85 * p["time_us"], 1.3 * p["time_us"]
+        p.to_csv(path / "predictions.csv", index=False)
+    shutil.copy(SASS_CSV, path / "sass.csv")
+    return path
+
+
+def test_nothing_measured_the_headline_shows_predictions_with_bands(no_gpu_run):
+    html = report_html([no_gpu_run], strict=True)
+    head = panel_html(html, "s1-headline")
+    assert not is_missing(html, "s1-headline")
+    assert "MODEL&#39;S PREDICTIONS, not measurements" in head and "PREDICTED speedup over base on a100-80gb" in head
+    assert re.search(r"\d\.\d\d× \[\d\.\d\d–\d\.\d\d\]", head) and "model prediction" in head
+    assert "CUDA events" not in head and "no CUDA GPU on this machine" in head
+
+
+def test_sass_panel_sets_the_hot_loop_beside_the_model(no_gpu_run, tmp_path):
+    html = report_html([no_gpu_run], strict=True)
+    sass = panel_html(html, "s1-sass")
+    assert not is_missing(html, "s1-sass") and "<figure" in sass
+    for text in ("rows in flight (SASS)", "model assumes", "4 × 64-bit, 4 × 32-bit", "8 × 128-bit", "2.12",
+                 "the model assumes 1.4x the rows in flight the SASS keeps", "Not measured: no Nsight Compute"):
+        assert text in sass, text
+    bare = tmp_path / "bare"
+    shutil.copytree(no_gpu_run, bare)
+    (bare / "sass.csv").unlink()
+    html = report_html([bare], strict=True)
+    assert is_missing(html, "s1-sass") and "no sass.csv in the run directory" in panel_html(html, "s1-sass")
+
+
+def test_provenance_is_said_once_per_section(no_gpu_run):
+    html = report_html([no_gpu_run], strict=True)
+    sec = html[html.index('id="s1-sec-workload-locality"'):html.index('id="s1-locality"')]
+    assert "Source of every panel below" in sec and "trace analysis" in sec
+    assert 'class="badges"' not in panel_html(html, "s1-locality")
+    # a section whose panels differ keeps each panel's own badges
+    assert 'class="badges"' in panel_html(html, "s1-headline")
+
+
+def test_memory_columns_are_honest_in_the_report(small_run):
+    """An A40-like kernel: DRAM read 28 KB next to 43 MB written, L2 hit 100.1%, no L1 traffic."""
+    run = load_run(small_run)
+    m = hostile_metrics(run.name, "base", "void chz_base_kernel<false>(const float *)", "chz_base_kernel")
+    set_to = {"dram__bytes_read.sum": 28e3, "dram__bytes_write.sum": 43e6, "lts__t_sector_hit_rate.pct": 100.1,
+              "lts__t_sectors.sum": 5e5, "l1tex__t_sector_hit_rate.pct": 0.0,
+              "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum": 0.0,
+              "l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum": 0.0}
+    m = m[~m["metric"].isin(set_to)]
+    extra = pd.DataFrame([{**m.iloc[0].to_dict(), "metric": k, "value": v, "unit": ""} for k, v in set_to.items()])
+    run.metrics = pd.concat([m, extra], ignore_index=True)
+    html = report_html([run], strict=True)
+    kernels = panel_html(html, "s1-kernels")
+    assert "28.00 KB" in kernels and "43.00 MB" in kernels and "DRAM written" in kernels
+    assert "100.0%*" in kernels and "ncu reported 100.10%" in kernels and "no traffic" in kernels
+    memory = panel_html(html, "s1-memory")
+    assert "100.0%*" in memory and "no traffic" in memory and "artifact of its sector accounting" in memory
+
+
+def test_rules_are_a_ranked_matrix_beside_their_sections(ncu_fixtures):
+    html = report_html([ncu_fixtures / "h800_sglang.ncu-rep"], strict=True)
+    rules = panel_html(html, "s1-rules")
+    assert "finding(s) x 5 kernel(s), ranked" in rules and "est. speedup, time-weighted" in rules
+    first = re.search(r"<tbody>\s*<tr><td[^>]*>([^<]*)</td>", rules).group(1)
+    assert first == "Launch Configuration: Tail Effect" or "Tail Effect" in first
+    assert "Full text of the" in rules  # the text stays available on demand
+    for pid, topic in (("s1-stalls", "Not Selected"), ("s1-memory", "L2 Store Access Pattern"),
+                       ("s1-occupancy", "Achieved Occupancy")):
+        part = panel_html(html, pid)
+        assert "ncu rule findings on this" in part and topic in part, pid
+
+
+def test_import_first_answer_and_kernel_labels(ncu_fixtures):
+    html = report_html([ncu_fixtures / "h800_sglang.ncu-rep"], strict=True)
+    time_ = panel_html(html, "s1-time")
+    assert "The kernel that matters is #3 distribution_el…ride_kernel (4 of 4)" in time_
+    assert "compute-bound" in time_ and "not selected" in time_
+    assert "#4 flash_fwd_kernel" in panel_html(html, "s1-summary")  # named, no values, said so
+
+
+@pytest.mark.slow
+def test_comparison_of_two_reports_matches_kernels(ncu_fixtures):
+    a, b = ncu_fixtures / "a100_mistic_msdnew.ncu-rep", ncu_fixtures / "a100_mistic_msdkt23.ncu-rep"
+    html = report_html([a, b], strict=True)
+    part = panel_html(html, "c1-metrics")
+    assert "similar name + launch order" in part and "Unmatched kernels (3)" in part
+    assert "8,261,907 → 1,266,778 (-84.7%)" in part and "25.1% → 33.5% (+8.4 pt)" in part
+    html = report_html([a, b], strict=True, pairs=["nodeByPoint=#2"])
+    part = panel_html(html, "c1-metrics")
+    assert "manual (--pair)" in part and "#2 nodeByPoint5 (3 of 4)" in part and "nodeByPoint=#2" in part

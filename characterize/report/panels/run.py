@@ -4,18 +4,20 @@ model and failures.
 
 from __future__ import annotations
 
+import ast
+import json
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from characterize.analysis import compare as analyze
+from characterize.analysis import ncu
 from characterize.analysis.calibrate import gmae
 from characterize.analysis.claims import PAPER_CLAIMS
-from characterize.errors import CharacterizeError
-from characterize.extract.rules import rule_results
 from characterize.hardware import DEFAULT_GPU, GPUS
 from characterize.report.blocks import (
+    CLAMP_NOTE,
     POINT_COLS,
     PREDICTION_STAMP,
     Cell,
@@ -31,13 +33,18 @@ from characterize.report.blocks import (
     _order,
     _table,
     _txt,
+    clamped_any,
     fmt_bytes,
     fmt_ci,
     fmt_num,
     fmt_pct,
     fmt_x,
     kernel_table,
-    rule_blocks,
+    rank_rules,
+    rule_matrix,
+    rule_texts,
+    rules_beside,
+    share_cell,
 )
 from characterize.report.layout import (
     _BENCH_HINT,
@@ -45,10 +52,13 @@ from characterize.report.layout import (
     NEEDS,
     S_FAIL,
     S_LOCALITY,
+    S_MEM,
     S_MODEL,
     S_NCU,
     S_OVERVIEW,
     S_RULES,
+    S_SOL,
+    S_STALLS,
     S_STATIC,
     S_TIMING,
     Panel,
@@ -61,6 +71,7 @@ from characterize.report.plots import (
     dram_figure,
     hit_rate_figure,
     latency_figure,
+    memory_chart_figure,
     occupancy_figure,
     order_datasets,
     predicted_vs_measured_figure,
@@ -68,12 +79,17 @@ from characterize.report.plots import (
     prepass_figure,
     register_sweep_figure,
     reuse_figure,
+    roofline_figure,
+    sass_figure,
+    sol_figure,
     speedup_figure,
     stall_figure,
     static_occupancy_figure,
 )
 from characterize.report.provenance import PROVENANCE, TIMING_MODES, ncu_mode_text
 from characterize.report.sources import RunSource
+from characterize.report.views import memory_spec
+from characterize.workloads.locality import PAPER_HOT_ROWS
 
 
 # ------------------------------------------------------------ run: overview
@@ -179,6 +195,8 @@ def _speedup_ci_table(s: RunSource, mode: str) -> pd.DataFrame:
 
 
 def _p_headline(s: RunSource) -> PanelOutput:
+    if s.bench_ok.empty:
+        return _predicted_headline_panel(s)
     if not (s.bench_ok["variant"] == "base").any():
         raise Missing("the reference variant base was not timed, so there is no speedup over base")
     blocks: list[Any] = []
@@ -218,6 +236,70 @@ def _p_headline(s: RunSource) -> PanelOutput:
     return PanelOutput(blocks, modes="; ".join(s.timing_mode(m) for m in s.modes))
 
 
+def predicted_speedups(p: pd.DataFrame) -> pd.DataFrame:
+    """Predicted speedup over base per (gpu, variant, dataset) with the model's band:
+    base and variant times taken at the same end of the band (the constants move both),
+    the band spanning the speedups at the low end, the middle and the high end."""
+    keys = [c for c in ("gpu", "mode", "dataset") if c in p.columns]
+    base = p[p["variant"] == "base"]
+    if base.empty or "time_us" not in p.columns:
+        out = p.copy()
+        out["speedup_low"] = out["speedup_high"] = np.nan
+        return out
+    cols = [c for c in ("time_us", "time_us_low", "time_us_high") if c in p.columns]
+    m = p.merge(base[keys + cols], on=keys, how="left", suffixes=("", "_base"))
+    m["speedup"] = m["time_us_base"] / m["time_us"]
+    if {"time_us_low", "time_us_high"} <= set(p.columns):
+        ends = pd.concat([m["time_us_low_base"] / m["time_us_low"], m["speedup"],
+                          m["time_us_high_base"] / m["time_us_high"]], axis=1)
+        m["speedup_low"], m["speedup_high"] = ends.min(axis=1), ends.max(axis=1)
+    else:
+        m["speedup_low"] = m["speedup_high"] = np.nan
+    return m
+
+
+def _predicted_headline_panel(s: RunSource) -> PanelOutput:
+    """With nothing measured, the headline shows the model's predictions with their bands."""
+    p = s.predictions
+    if p.empty or not {"variant", "dataset", "time_us"} <= set(p.columns):
+        raise Missing(_points_missing(s, "bench", _BENCH_HINT) + " No model predictions either (predictions.csv).")
+    if "mode" in p.columns and (p["mode"] == "steady").any():
+        p = p[p["mode"] == "steady"]
+    sp = predicted_speedups(p)
+    banded = sp["speedup_low"].notna().any()
+    blocks: list[Any] = [NoteBlock(
+        "Nothing was measured in this run: these are the MODEL'S PREDICTIONS, not measurements"
+        + (" (in brackets: the band the model's constants allow)" if banded else
+           " (this predictions.csv carries no band: time_us_low/time_us_high)") + ". "
+        + _points_missing(s, "bench", _BENCH_HINT), "prediction")]
+    claims = {k: c.text for k, c in PAPER_CLAIMS.items()}
+    gpus = list(dict.fromkeys(sp["gpu"].astype(str))) if "gpu" in sp.columns else [""]
+    for gpu in gpus[:3]:
+        d = sp[sp["gpu"].astype(str) == gpu] if gpu else sp
+        datasets = order_datasets(d["dataset"])
+        rows = []
+        for v in _order(pd.DataFrame({"variant": d["variant"].unique()}))["variant"]:
+            cells, vals = [Cell(v, "code")], []
+            for ds in datasets:
+                r = d[(d["variant"] == v) & (d["dataset"] == ds)]
+                if r.empty:
+                    cells.append(Cell("–", "num"))
+                    continue
+                x, lo, hi = r["speedup"].iloc[0], r["speedup_low"].iloc[0], r["speedup_high"].iloc[0]
+                vals.append(x)
+                band = "" if _isnan(lo) else f" [{lo:.2f}–{hi:.2f}]"
+                cells.append(Cell(f"{x:.2f}×{band}" if not _isnan(x) else "–", "num"))
+            best = max((x for x in vals if not _isnan(x)), default=np.nan)
+            cells.append(Cell("–" if _isnan(best) else f"{100 * (best - 1):+.0f}%", "num"))
+            cells.append(Cell(claims.get(v, ""), "claim"))
+            rows.append(cells)
+        blocks.append(TableBlock(["variant"] + datasets + ["best over base (predicted)",
+                                                            "paper (A100, embedding stage)"], rows,
+                                 caption=f"PREDICTED speedup over base{' on ' + gpu if gpu else ''}, steady mode "
+                                         "(model prediction, not a measurement)"))
+    return PanelOutput(blocks, provenance=("model",), modes="model: steady mode (L2 warm between batches)")
+
+
 # -------------------------------------------------------------- run: locality
 def _l2_marks(s: RunSource, row_bytes: int | None) -> dict[str, int]:
     if not row_bytes:
@@ -233,7 +315,11 @@ def _l2_marks(s: RunSource, row_bytes: int | None) -> dict[str, int]:
 def _p_locality(s: RunSource) -> PanelOutput:
     raw = s.run.locality_raw
     names = order_datasets(raw)
-    ks = sorted({int(k) for d in raw.values() for k in (d.get("top_k_coverage") or {})})
+    stored = {int(k) for d in raw.values() for k in (d.get("top_k_coverage") or {})}
+    # the table names the K that mean something (the paper's, the GPUs' L2); the figure draws the curve
+    row_bytes = next((d.get("row_bytes") for d in raw.values() if d.get("row_bytes")), None)
+    named = {PAPER_HOT_ROWS, *_l2_marks(s, row_bytes).values()}
+    ks = sorted(stored & named) or sorted(stored)[-4:]
     qs = [q for q in ("p50", "p90", "p99") if any(q in (d.get("reuse_distance_quantiles") or {}) for d in raw.values())]
     rows = []
     for ds in names:
@@ -259,13 +345,15 @@ def _p_locality(s: RunSource) -> PanelOutput:
     if descs:
         blocks.append(_kv(descs, caption="Dataset definitions"))
     row_bytes = next((d.get("row_bytes") for d in raw.values() if d.get("row_bytes")), None)
-    mode = "no caches or clocks involved; dotted lines: rows of this size that fill each target GPU's L2"
+    ks = sorted({int(k) for d in raw.values() for k in (d.get("top_k_coverage") or {})})
     blocks.append(_figure_block(coverage_figure(raw, _l2_marks(s, row_bytes), "Top-K coverage per dataset"),
-                                "Top-K coverage", f"{PROVENANCE['trace'].label}: {mode}"))
+                                "Top-K coverage", "markers: the K values locality.json stores (" +
+                                ", ".join(f"{k:,}" for k in ks) + ") and K = unique rows (100%, exact); vertical "
+                                "lines: rows of this size that fill each target GPU's L2. Coverage below the "
+                                "smallest stored K is not stored, so it is not drawn"))
     if any(d.get("reuse_histogram") for d in raw.values()):
         blocks.append(_figure_block(reuse_figure(raw, "Reuse-distance distribution"), "Reuse-distance distribution",
-                                    f"{PROVENANCE['trace'].label}; log2 bins; first reads (no earlier read) in the "
-                                    "legend"))
+                                    "log2 bins; first reads (no earlier read) in the legend"))
     return PanelOutput(blocks)
 
 
@@ -303,6 +391,117 @@ def _p_sweep(s: RunSource) -> PanelOutput:
         _figure_block(fig, "Register sweep", f"{PROVENANCE['static'].label}: each cap compiled with nvcc; "
                       "no caches or clocks involved"),
         DetailsBlock(f"Register-sweep table ({len(d)} rows)", [_table(d, spec)])])
+
+
+def _load_bits_text(v: Any) -> str:
+    """'{32: 2, 128: 4}' (or a dict, or JSON) as '4 x 128-bit, 2 x 32-bit'."""
+    if _isnan(v) or v == "":
+        return "–"
+    d = v
+    if isinstance(v, str):
+        try:
+            d = json.loads(v.replace("'", '"'))
+        except ValueError:
+            try:
+                d = ast.literal_eval(v)
+            except (ValueError, SyntaxError):
+                return v
+    if isinstance(d, dict):
+        items = sorted(((int(k), int(n)) for k, n in d.items()), reverse=True)
+        return ", ".join(f"{n} × {b}-bit" for b, n in items) or "none"
+    return str(d)
+
+
+def sass_view(s: RunSource) -> pd.DataFrame:
+    """The lookup kernels' hot loops (sass.csv) beside the model's assumption (loads in
+    flight, predictions.csv, per variant x arch) and the measured long-scoreboard stall
+    (ncu, per variant, where the run's GPU has the row's architecture)."""
+    d = s.sass.copy()
+    if "role" in d.columns:
+        d = d[d["role"].fillna("lookup").astype(str) == "lookup"]
+    d["variant"] = d["variant"].astype(str)
+    d["arch"] = d["arch"].astype(str)
+    p = s.predictions
+    if not p.empty and {"variant", "arch", "loads_in_flight"} <= set(p.columns):
+        g = p.groupby(["variant", "arch"])["loads_in_flight"]
+        m = pd.DataFrame({"model_loads_in_flight": g.median(), "model_lo": g.min(), "model_hi": g.max()}).reset_index()
+        m["variant"], m["arch"] = m["variant"].astype(str), m["arch"].astype(str)
+        d = d.merge(m, on=["variant", "arch"], how="left")
+    k = s.lookup_view
+    arch = s.gpu.get("arch")
+    if not k.empty and "stall_long_scoreboard" in k.columns and arch:
+        ls = k.groupby("variant")["stall_long_scoreboard"].mean().rename("measured_long_scoreboard").reset_index()
+        ls["arch"] = str(arch)
+        d = d.merge(ls, on=["variant", "arch"], how="left")
+    return _order(d)
+
+
+def _sass_verdict(r: dict) -> str:
+    notes = []
+    sass, model = r.get("rows_in_flight"), r.get("model_loads_in_flight")
+    if not _isnan(sass) and not _isnan(model) and float(sass) > 0:
+        ratio = float(model) / float(sass)
+        if ratio > 1.25:
+            notes.append(f"the model assumes {ratio:.1f}x the rows in flight the SASS keeps")
+        elif ratio < 0.8:
+            notes.append(f"the SASS keeps {1 / ratio:.1f}x the rows in flight the model assumes")
+        else:
+            notes.append("model and SASS agree")
+    spills = r.get("local_mem_ops")
+    if not _isnan(spills) and float(spills) > 0:
+        notes.append(f"{int(spills)} spill access(es) (LDL/STL) per iteration")
+    return "; ".join(notes) or "–"
+
+
+def _sass_prov(s: RunSource) -> tuple[str, ...]:
+    prov: tuple[str, ...] = ("static",)
+    if not s.predictions.empty and "loads_in_flight" in s.predictions.columns:
+        prov += ("model",)
+    if not s.lookup_view.empty:
+        prov += ("ncu",)
+    return prov
+
+
+def _p_sass(s: RunSource) -> PanelOutput:
+    d = sass_view(s)
+    if d.empty:
+        raise Missing("sass.csv has no lookup-kernel rows")
+    lacking = [c for c in ("rows_in_flight", "row_loads", "local_mem_ops") if c not in d.columns]
+    blocks: list[Any] = []
+    if "rows_in_flight" in d.columns and d["rows_in_flight"].notna().any():
+        blocks.append(_figure_block(sass_figure(d, "Rows in flight per warp in the hot loop"), "Rows in flight",
+                                    "blue: read from the SASS by an in-order replay of the hot loop (static "
+                                    "analysis)" + ("; orange: what the model assumes (model prediction input)"
+                                                   if "model_loads_in_flight" in d.columns else "")))
+    spec = [("variant", lambda r: Cell(str(r["variant"]), "code")), ("arch", _col("arch", _txt, "")),
+            ("rows in flight (SASS)", _col("rows_in_flight")),
+            ("model assumes", lambda r: Cell(
+                fmt_num(r.get("model_loads_in_flight")) + (
+                    f" ({fmt_num(r['model_lo'])}–{fmt_num(r['model_hi'])})"
+                    if not _isnan(r.get("model_lo")) and r.get("model_lo") != r.get("model_hi") else ""), "num")),
+            ("long-scoreboard (ncu, cycles/inst)", _col("measured_long_scoreboard")),
+            ("reading", lambda r: Cell(_sass_verdict(r), "")),
+            ("spills in loop (LDL/STL)", _col("local_mem_ops")),
+            ("loads by width", lambda r: Cell(_load_bits_text(r.get("load_bits")), "num")),
+            ("row / index loads", lambda r: Cell(f"{fmt_num(r.get('row_loads'))} / {fmt_num(r.get('index_loads'))}",
+                                                 "num")),
+            ("latencies / iteration", _col("latencies_per_iteration")),
+            ("instructions / iteration", _col("instructions")),
+            ("kernel", lambda r: Cell(_txt(r.get("kernel")), "code"))]
+    blocks.append(_table(d, spec, caption="Hot loop of each lookup kernel (sass.csv)",
+                         note="rows in flight per warp = row loads per iteration / memory latencies serialized per "
+                              "iteration (in-order replay of the loop's SASS); model assumes: loads_in_flight of "
+                              "predictions.csv; long-scoreboard: measured on the run's GPU when profiled, mean over "
+                              "its datasets (– when not measured or another architecture)"))
+    if "model_loads_in_flight" not in d.columns:
+        blocks.append(NoteBlock("predictions.csv has no loads_in_flight column, so the model's assumption cannot be "
+                                "shown beside the SASS."))
+    if s.lookup_view.empty:
+        blocks.append(NoteBlock("Not measured: no Nsight Compute profile in this run, so no long-scoreboard stall "
+                                "to set beside the SASS. " + _points_missing(s, "profile", _PROFILE_HINT)))
+    if lacking:
+        blocks.append(NoteBlock("sass.csv lacks the column(s) " + ", ".join(lacking) + "."))
+    return PanelOutput(blocks)
 
 
 # ---------------------------------------------------------------- run: timing
@@ -415,13 +614,17 @@ def _p_prepass(s: RunSource) -> PanelOutput:
 
 
 # ------------------------------------------------------------------- run: ncu
-_NCU_COLS = ["achieved_occupancy_pct", "theoretical_occupancy_pct", "registers_per_thread", "l1_hit_rate_pct",
-             "l2_hit_rate_pct", "dram_bytes_read", "duration_ns"]
-
-
 def _ncu_groups(s: RunSource) -> list[tuple[str, Any, Any, pd.DataFrame]]:
-    """(mode text, cache, clock, per-point means of the lookup kernels) per collection mode."""
-    k = s.lookup
+    """(mode text, cache, clock, per-point means of the lookup kernels) per collection mode
+    (computed once per source: every ncu panel reads them)."""
+    cached = s.__dict__.get("_ncu_groups")
+    if cached is None:
+        cached = s.__dict__["_ncu_groups"] = _compute_ncu_groups(s)
+    return cached
+
+
+def _compute_ncu_groups(s: RunSource) -> list[tuple[str, Any, Any, pd.DataFrame]]:
+    k = s.lookup_view
     if k.empty:
         raise Missing("no lookup kernels among the profiled kernels")
     k = k.copy()
@@ -431,10 +634,7 @@ def _ncu_groups(s: RunSource) -> list[tuple[str, Any, Any, pd.DataFrame]]:
         k[c] = k[c].fillna("").astype(str)
     out = []
     for (cache, clock), g in k.groupby(["cache_control", "clock_control"], sort=True):
-        cols = [c for c in _NCU_COLS if c in g.columns]
-        agg = g.groupby(["variant", "dataset"], as_index=False).agg(
-            **{c: (c, "mean") for c in cols}, kernels=("kernel_id", "size"))
-        out.append((s.ncu_mode(cache or None, clock or None), cache, clock, _order(agg)))
+        out.append((s.ncu_mode(cache or None, clock or None), cache, clock, _order(ncu.per_point(g))))
     return out
 
 
@@ -442,93 +642,152 @@ def _ncu_prov_modes(s: RunSource) -> str:
     return "; ".join(mode for mode, *_ in _ncu_groups(s))
 
 
+def _ranked_rules(s: RunSource) -> tuple[pd.DataFrame, list[str], dict[str, str], bool]:
+    """ncu's findings over every point, ranked (a point's weight: its share of the run's profiled time)."""
+    r = s.rules
+    if r.empty:
+        return pd.DataFrame(), [], {}, False
+    points = list(dict.fromkeys(_order(r[["variant", "dataset", "point"]].drop_duplicates())["point"]))
+    return rank_rules(r, "point"), points, {p: p for p in points}, False
+
+
+def _beside(s: RunSource, topic: str) -> list[Any]:
+    ranked, points, names, weighted = _ranked_rules(s)
+    return rules_beside(ranked, topic, points, names, weighted)
+
+
+def _p_sol(s: RunSource) -> PanelOutput:
+    blocks: list[Any] = []
+    for mode, _, _, agg in _ncu_groups(s):
+        if agg[["sm_throughput_pct", "memory_throughput_pct"]].isna().all().all():
+            blocks.append(NoteBlock(f"No speed-of-light metrics in the reports ({mode})."))
+            continue
+        blocks.append(_figure_block(sol_figure(agg, "Speed of light of the lookup kernels (% of peak)"),
+                                    "Speed of light", f"mean over the profiled launches of each point; below "
+                                    f"{ncu.BOUND_PCT:.0f}% a unit does not limit the kernel"))
+        spec = [*POINT_COLS, ("launches", _col("kernels")),
+                ("duration per launch (µs, under ncu)", lambda r: Cell(fmt_num(r.get("duration_ns") / 1e3), "num")),
+                ("SM", _col("sm_throughput_pct", fmt_pct)), ("memory", _col("memory_throughput_pct", fmt_pct)),
+                ("L1/TEX", _col("l1_throughput_pct", fmt_pct)), ("L2", _col("l2_throughput_pct", fmt_pct)),
+                ("DRAM", _col("dram_throughput_pct", fmt_pct)),
+                ("bound", lambda r: Cell(_txt(r.get("bound")), "", title=_txt(r.get("bound_why"))))]
+        blocks.append(_table(agg, spec, caption=f"Throughput as % of peak sustained per point — {mode}",
+                             note=f"bound: both SM and memory below {ncu.BOUND_PCT:.0f}% -> latency-bound (the "
+                                  "stalls say on what); durations under the profiler are not latencies (Timing)"))
+    return PanelOutput(blocks + _beside(s, "sol"), modes=_ncu_prov_modes(s))
+
+
+def _p_roofline(s: RunSource) -> PanelOutput:
+    pts, roofs = ncu.roofline(_order(ncu.per_point(s.lookup_view, ("variant", "dataset"))))
+    if pts.empty:
+        raise Missing("no lookup kernel executed floating-point work the roofline counters saw")
+    blocks: list[Any] = [_figure_block(roofline_figure(pts, roofs, "Roofline of the lookup kernels"), "Roofline",
+                                       "ceilings from ncu's peak counters at the clocks the kernels ran at; one "
+                                       "marker per point (mean launch)")]
+    spec = [("point", lambda r: Cell(_txt(r["label"]), "code")), ("precision", _col("precision", _txt, "")),
+            ("achieved GFLOP/s", _col("flop_per_s", lambda v: fmt_num(v / 1e9))),
+            ("DRAM intensity (FLOP/B)", _col("dram_intensity_flop_per_byte"))]
+    blocks.append(_table(pts, spec, caption="Achieved work and arithmetic intensity"))
+    return PanelOutput(blocks, modes=_ncu_prov_modes(s))
+
+
 def _p_occupancy(s: RunSource) -> PanelOutput:
     blocks: list[Any] = []
     for mode, _, _, agg in _ncu_groups(s):
         blocks.append(_figure_block(occupancy_figure(agg, "Achieved vs theoretical occupancy (lookup kernels)"),
-                                    "Occupancy", f"{PROVENANCE['ncu'].label}; {mode}"))
+                                    "Occupancy", "mean over the profiled launches of each point"))
         spec = [*POINT_COLS,
-                ("kernels", _col("kernels")), ("registers/thread", _col("registers_per_thread")),
+                ("launches", _col("kernels")), ("registers/thread", _col("registers_per_thread")),
                 ("theoretical", _col("theoretical_occupancy_pct", fmt_pct)),
                 ("achieved", _col("achieved_occupancy_pct", fmt_pct))]
         blocks.append(_table(agg, spec, caption=f"Mean over the profiled lookup kernels of each point — {mode}"))
-    return PanelOutput(blocks, modes=_ncu_prov_modes(s))
+    return PanelOutput(blocks + _beside(s, "occupancy"), modes=_ncu_prov_modes(s))
 
 
 def _p_stalls(s: RunSource) -> PanelOutput:
     blocks: list[Any] = []
-    k = s.lookup.copy()
-    for c in ("cache_control", "clock_control"):
-        k[c] = k[c].fillna("").astype(str) if c in k.columns else ""
-    for (cache, clock), g in k.groupby(["cache_control", "clock_control"], sort=True):
-        st = analyze.stall_breakdown(g)
-        mode = s.ncu_mode(cache or None, clock or None)
-        if st.empty or st["cycles"].fillna(0).sum() == 0:
+    for mode, _, _, agg in _ncu_groups(s):
+        long = ncu.weighted_stalls(agg)
+        if long.empty or long["cycles_per_issue"].sum() == 0:
             blocks.append(NoteBlock(f"No warp-stall metrics in the reports ({mode}); the WarpStateStats section "
                                     "was not collected."))
             continue
-        blocks.append(_figure_block(stall_figure(st, "Warp-stall breakdown (lookup kernels)"), "Warp stalls",
-                                    f"{PROVENANCE['ncu'].label}; {mode}; cycles per issued instruction "
-                                    "(smsp__average_warps_issue_stalled_*_per_issue_active)"))
-        totals = st.groupby("reason")["cycles"].sum().sort_values(ascending=False)
-        top = [r for r in totals.index if totals[r] > 0][:6]
-        wide = st.pivot_table(index=["variant", "dataset"], columns="reason", values="cycles").reset_index()
-        wide["total"] = wide[[c for c in wide.columns if c not in ("variant", "dataset")]].sum(axis=1)
+        reasons = ncu.top_reasons(long, 7)
+        blocks.append(_figure_block(stall_figure(long.rename(columns={"cycles_per_issue": "cycles"}),
+                                                 "Warp-stall breakdown per launch (lookup kernels)", keep=reasons),
+                                    "Warp stalls", "cycles per issued instruction (smsp__average_warps_issue_"
+                                    "stalled_*_per_issue_active), mean launch per point; reasons picked by their "
+                                    "stall cycles weighted by instructions issued"))
+        wide = long.pivot_table(index=["variant", "dataset"], columns="reason", values="cycles_per_issue").reset_index()
+        shares = long.groupby(["variant", "dataset"], as_index=False)["total_share_pct"].sum()
+        wide = wide.merge(shares, on=["variant", "dataset"], how="left")
+        wide["total"] = wide[[c for c in wide.columns if c not in ("variant", "dataset", "total_share_pct")]].sum(
+            axis=1)
         spec = list(POINT_COLS)
-        spec += [(r.replace("_", " "), _col(r)) for r in top] + [("all reasons", _col("total"))]
+        spec += [(r.replace("_", " "), _col(r)) for r in reasons[:6]] + [("all reasons", _col("total")),
+                                                                           ("share of stall cycles",
+                                                                            lambda r: share_cell(r["total_share_pct"]))]
         blocks.append(_table(_order(wide), spec,
-                             caption=f"Stall cycles per issued instruction, largest reasons — {mode}"))
-    return PanelOutput(blocks, modes=_ncu_prov_modes(s))
+                             caption=f"Stall cycles per issued instruction, largest weighted reasons — {mode}",
+                             note="share of stall cycles: the point's warp-cycles stalled (x instructions issued) "
+                                  "over all points'; 'selected' (issuing) is not a stall"))
+    return PanelOutput(blocks + _beside(s, "stalls"), modes=_ncu_prov_modes(s))
 
 
 def _p_memory(s: RunSource) -> PanelOutput:
     blocks: list[Any] = []
     for mode, cache, _, agg in _ncu_groups(s):
-        note = "" if cache == "none" else \
-            " L2 pinning is invisible under this mode: caches were flushed before each kernel."
+        if cache != "none":
+            blocks.append(NoteBlock(f"{mode}: L2 pinning is invisible under this mode: caches were flushed before "
+                                    "each kernel."))
+        top = ncu.slowest(agg, 4).to_dict("records")
+        charts = [_figure_block(memory_chart_figure(r, f"Memory chart: {r['label']} (mean launch)"),
+                                f"Memory chart of {r['label']}", "requests, sectors (32 B) and bytes between the "
+                                "units, reads above, writes below; hit rates in the caches") for r in top]
+        if charts:
+            blocks.append(charts[0])
+        if len(charts) > 1:
+            blocks.append(DetailsBlock(f"Memory charts of the next {len(charts) - 1} point(s) by duration",
+                                       charts[1:]))
         rates = ["l1_hit_rate_pct", "l2_hit_rate_pct"]
         if set(rates) <= set(agg.columns) and agg[rates].notna().any().any():
             blocks.append(_figure_block(hit_rate_figure(agg, "L1 and L2 hit rates (lookup kernels)"), "Hit rates",
-                                        f"{PROVENANCE['ncu'].label}; {mode}.{note}"))
-        if "dram_bytes_read" in agg.columns and agg["dram_bytes_read"].notna().any():
-            blocks.append(_figure_block(dram_figure(agg, "DRAM bytes read (lookup kernels)"), "DRAM bytes",
-                                        f"{PROVENANCE['ncu'].label}; {mode}"))
-        spec = [*POINT_COLS,
-                ("L1 hit", _col("l1_hit_rate_pct", fmt_pct)), ("L2 hit", _col("l2_hit_rate_pct", fmt_pct)),
-                ("DRAM read", _col("dram_bytes_read", fmt_bytes)),
-                ("duration (µs, under ncu)", lambda r: Cell(fmt_num(r.get("duration_ns", np.nan) / 1e3), "num"))]
-        blocks.append(_table(agg, spec, caption=f"Memory hierarchy per point — {mode}",
-                             note="durations under the profiler (replay, locked clocks) are not latencies; "
-                                  "the Timing section has those"))
-    return PanelOutput(blocks, modes=_ncu_prov_modes(s))
+                                        "sector hit rates, mean launch per point"))
+        if agg[["dram_bytes_read", "dram_bytes_write"]].notna().any().any():
+            blocks.append(_figure_block(dram_figure(agg, "DRAM bytes read and written (lookup kernels)"),
+                                        "DRAM bytes", "per launch, mean over the profiled launches"))
+        spec = [*POINT_COLS] + memory_spec() + [
+            ("duration (µs, under ncu)", lambda r: Cell(fmt_num(r.get("duration_ns", np.nan) / 1e3), "num"))]
+        blocks.append(_table(agg, spec, caption=f"Memory workload per point (mean launch) — {mode}",
+                             note=(CLAMP_NOTE if clamped_any(agg) else "'no traffic': no sector went through that "
+                                   "cache (not a 0% hit rate).") + " Durations under the profiler (replay, locked "
+                                  "clocks) are not latencies; the Timing section has those."))
+    return PanelOutput(blocks + _beside(s, "memory"), modes=_ncu_prov_modes(s))
 
 
 def _p_kernels(s: RunSource) -> PanelOutput:
-    k = _order(s.kernels)
+    k = _order(s.kview)
     return PanelOutput([kernel_table(k, "Every profiled kernel (lookup kernels and L2 pre-pass kernels)")],
-                       modes="; ".join(s.ncu_mode(st["cache_control"], st["clock_control"]) for st in s.ncu_settings))
+                       modes=_ncu_prov_modes(s))
 
 
 def _p_rules(s: RunSource) -> PanelOutput:
-    blocks: list[Any] = []
     points = [p for p in s.profile_points if p.get("status") == "ok" and p.get("report")]
     if not points:
         raise Missing(_points_missing(s, "profile", _PROFILE_HINT))
-    for p in _order(pd.DataFrame(points)).to_dict("records"):
-        path = s.run.path / p["report"]
-        head = f"{p['variant']} · {p['dataset']} (cache-control {p.get('cache_control') or '?'}, " \
-               f"clock-control {p.get('clock_control') or '?'})"
-        try:
-            rules = rule_results(path, run=s.run.name, allow_partial=True)
-        except CharacterizeError as e:
-            blocks.append(NoteBlock(f"{head}: rule findings could not be read: {e}", "warning"))
-            continue
-        if rules.empty:
-            blocks.append(NoteBlock(f"{head}: the report holds no rule findings."))
-            continue
-        blocks.append(DetailsBlock(f"{head}: {len(rules)} finding(s)", rule_blocks(rules)))
-    return PanelOutput(blocks, modes="; ".join(s.ncu_mode(st["cache_control"], st["clock_control"])
-                                               for st in s.ncu_settings))
+    r = s.rules
+    blocks: list[Any] = [NoteBlock(e, "warning") for e in s.rule_errors]
+    if r.empty:
+        blocks.append(NoteBlock("The reports hold no rule findings."))
+        return PanelOutput(blocks, modes=_ncu_prov_modes(s))
+    ranked, cols, names, weighted = _ranked_rules(s)
+    if ranked.empty:
+        blocks.append(NoteBlock(f"ncu's {len(r)} rule result(s) hold no finding (all OK or informational)."))
+    else:
+        blocks.append(rule_matrix(ranked, cols, names, f"{len(ranked)} finding(s) x {len(cols)} point(s), ranked "
+                                                       "(each point: every kernel of its report)", weighted))
+        blocks.append(rule_texts(ranked, names))
+    return PanelOutput(blocks, modes=_ncu_prov_modes(s))
 
 
 # ----------------------------------------------------------------- run: model
@@ -652,15 +911,20 @@ def _p_failures(s: RunSource) -> PanelOutput:
     return PanelOutput([_table(_order(f), spec, caption=f"{len(f)} point(s) failed; the other points are unaffected")])
 
 
+def _headline_prov(s: RunSource) -> tuple[str, ...]:
+    return (s.timing_provenance,) if not s.bench_ok.empty else ("model",)
+
+
 RUN_PANELS: tuple[Panel, ...] = (
     Panel("environment", "Environment", S_OVERVIEW, ("meta",), ("meta",),
           "GPU, driver, clocks, collection modes, versions and command line as recorded in meta.json and the "
           "point files", _p_environment),
     Panel("contents", "What this run holds", S_OVERVIEW, (), ("meta",),
           "which stages left results in the run directory, and why the others did not", _p_contents),
-    Panel("headline", "Headline: technique × hotness → speedup over base", S_OVERVIEW, ("bench",), _timing_prov,
+    Panel("headline", "Headline: technique × hotness → speedup over base", S_OVERVIEW, (), _headline_prov,
           "analyze.headline(): ratio of the mean per-table latency of base to that of each variant, per dataset, "
-          "set beside the MICRO 2024 paper's A100 claims (analysis.claims.PAPER_CLAIMS)", _p_headline),
+          "set beside the MICRO 2024 paper's A100 claims (analysis.claims.PAPER_CLAIMS); with nothing measured, "
+          "the model's predicted ratios with their bands, labelled as predictions", _p_headline),
     Panel("locality", "Trace locality per dataset", S_LOCALITY, ("locality",), ("trace",),
           "unique rows, top-K coverage and reuse distances of one table's index stream per dataset "
           "(locality.json, exact reuse distances)", _p_locality),
@@ -670,6 +934,10 @@ RUN_PANELS: tuple[Panel, ...] = (
     Panel("sweep", "Register sweep", S_STATIC, ("sweep",), ("static",),
           "the lookup kernels recompiled with each -maxrregcount of the experiment (static.csv rows with "
           "sweep = True)", _p_sweep),
+    Panel("sass", "SASS hot loop: rows in flight, load widths, spills", S_STATIC, ("sass",), _sass_prov,
+          "the hot loop of each lookup kernel read from its SASS (sass.csv: loads by width, spills, memory "
+          "latencies serialized per iteration, rows in flight), beside the model's loads_in_flight "
+          "(predictions.csv) and the measured long-scoreboard stall (ncu)", _p_sass),
     Panel("latency", "Latency per variant and dataset", S_TIMING, ("bench",), _timing_prov,
           "mean per-table latency with its 95% CI, per timing mode (analyze.speedups)", _p_latency),
     Panel("speedup", "Speedup over base and over torch", S_TIMING, ("bench",), _timing_prov,
@@ -680,18 +948,25 @@ RUN_PANELS: tuple[Panel, ...] = (
     Panel("prepass", "L2 pre-pass included and excluded", S_TIMING, ("bench",), _timing_prov,
           "lookup-kernel time and the time of the L2 pre-pass before it, timed separately with events; speedups "
           "with the pre-pass excluded (as the paper counts) and included", _p_prepass),
-    Panel("occupancy", "Achieved vs theoretical occupancy", S_NCU, ("profile",), ("ncu",),
+    Panel("sol", "Speed of light", S_SOL, ("profile", "sol"), ("ncu",),
+          "sm__throughput, gpu__compute_memory_throughput, l1tex/lts/dram throughput as % of peak sustained of "
+          "the lookup kernels, mean launch per point; the bound after ncu's SOLBottleneck rule", _p_sol),
+    Panel("roofline", "Roofline", S_SOL, ("profile", "roofline"), ("ncu",),
+          "ncu's roofline counters of the lookup kernels as achieved and peak FLOP/s and bytes/s", _p_roofline),
+    Panel("memory", "Memory chart, hit rates and DRAM traffic", S_MEM, ("profile",), ("ncu",),
+          "L1 requests and sectors, L2 reads and writes, sector hit rates (clamped at 100%, 'no traffic' apart), "
+          "DRAM bytes read and written of the lookup kernels, mean launch per point", _p_memory),
+    Panel("stalls", "Warp-stall breakdown", S_STALLS, ("profile",), ("ncu",),
+          "WarpStateStats stall reasons in cycles per issued instruction, reasons ranked by stall cycles weighted "
+          "by instructions issued (analysis.ncu.weighted_stalls)", _p_stalls),
+    Panel("occupancy", "Achieved vs theoretical occupancy", S_STALLS, ("profile",), ("ncu",),
           "sm__warps_active (achieved) and sm__maximum_warps_per_active_cycle_pct (theoretical) of the profiled "
           "lookup kernels, averaged per point", _p_occupancy),
-    Panel("stalls", "Warp-stall breakdown", S_NCU, ("profile",), ("ncu",),
-          "WarpStateStats stall reasons in cycles per issued instruction (analyze.stall_breakdown)", _p_stalls),
-    Panel("memory", "L1/L2 hit rates and DRAM traffic", S_NCU, ("profile",), ("ncu",),
-          "l1tex__t_sector_hit_rate, lts__t_sector_hit_rate and dram__bytes_read of the lookup kernels",
-          _p_memory),
     Panel("kernels", "Every profiled kernel", S_NCU, ("profile",), ("ncu",),
-          "one row per kernel in the run's reports (extract.wide)", _p_kernels),
-    Panel("rules", "Nsight Compute rule findings per point", S_RULES, ("profile",), ("ncu",),
-          "ncu's own guided-analysis rules as stored in each point's report (extract.rule_results)", _p_rules),
+          "one row per kernel in the run's reports (analysis.ncu.kernel_summary)", _p_kernels),
+    Panel("rules", "Nsight Compute rule findings, ranked", S_RULES, ("profile",), ("ncu",),
+          "ncu's own guided-analysis rules stored in each point's report (extract.rule_results) as a finding x "
+          "point matrix", _p_rules),
     Panel("predictions", "Model predictions", S_MODEL, ("predictions",), ("model",),
           "predictions.csv written by the model step; predictions, not measurements", _p_predictions),
     Panel("predicted-vs-measured", "Predicted vs measured", S_MODEL, ("predictions", "bench"),
@@ -701,4 +976,3 @@ RUN_PANELS: tuple[Panel, ...] = (
     Panel("failures", "Failed points", S_FAIL, (), ("meta",),
           "points whose bench or profile step failed, with the recorded error (Run.failures)", _p_failures),
 )
-

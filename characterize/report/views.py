@@ -1,0 +1,101 @@
+"""Report stage, shared Nsight Compute views: blocks that the run and the imported-report
+panels both show (the first answer, memory-chart columns, time-weighted stalls), kept
+here so the panel modules stay independent of each other.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from characterize.analysis import ncu
+from characterize.report.blocks import (
+    Cell,
+    Missing,
+    _col,
+    _figure_block,
+    _isnan,
+    _table,
+    _txt,
+    fmt_bytes,
+    fmt_num,
+    hit_cell,
+    share_cell,
+)
+from characterize.report.plots import weighted_stall_figure
+
+
+def stall_text(tops: Any) -> str:
+    if not isinstance(tops, list) or not tops:
+        return "–"
+    return "; ".join(f"{r.replace('_', ' ')} {c:.2f} ({share:.0f}%)" for r, c, share in tops)
+
+
+def first_answer(k: pd.DataFrame, stalls: dict[Any, Any]) -> str:
+    """One sentence on the kernel that matters: its share of time, bound and top stall."""
+    top = ncu.slowest(k[k["duration_ns"].notna()]) if "duration_ns" in k.columns else k.iloc[0:0]
+    if top.empty:
+        return ""
+    r = top.iloc[0].to_dict()
+    text = f"The kernel that matters is {r['label']}: {fmt_num(r['duration_ns'] / 1e3)} µs, " \
+           f"{r['time_share_pct']:.1f}% of the profiled time. "
+    if r.get("bound") and r["bound"] != "unknown":
+        text += f"It is {r['bound']}-bound: {r['bound_why']}. "
+    tops = stalls.get(r["kernel_id"])
+    if tops:
+        reason, cyc, share = tops[0]
+        text += f"Its warps stall most on {reason.replace('_', ' ')} ({cyc:.2f} cycles per issued instruction, " \
+                f"{share:.0f}% of its stall cycles). "
+    reads, writes = r.get("dram_bytes_read"), r.get("dram_bytes_write")
+    if not _isnan(reads) or not _isnan(writes):
+        text += f"DRAM: {fmt_bytes(reads)} read, {fmt_bytes(writes)} written."
+    return text.strip()
+
+
+def memory_spec() -> list[tuple[str, Any]]:
+    """The memory-chart columns as table columns (shared by the memory panel's table)."""
+    return [("L1 load requests", _col("l1_load_requests")),
+            ("sectors / request", _col("l1_sectors_per_load_request")),
+            ("L1 hit", lambda r: hit_cell(r, "l1")),
+            ("L1 store sectors", _col("l1_store_sectors")),
+            ("L2 read (from L1)", _col("l2_read_bytes", fmt_bytes)),
+            ("L2 write (from L1)", _col("l2_write_bytes", fmt_bytes)),
+            ("L2 hit", lambda r: hit_cell(r, "l2")),
+            ("DRAM read", _col("dram_bytes_read", fmt_bytes)), ("DRAM written", _col("dram_bytes_write", fmt_bytes)),
+            ("spill sectors (local)", _col("l1_spill_sectors"))]
+
+
+def stall_blocks(k: pd.DataFrame, title: str) -> list[Any]:
+    """The time-weighted stall figure and the per-kernel table (used for reports and runs)."""
+    long = ncu.weighted_stalls(k)
+    if long.empty:
+        raise Missing("no kernel has warp-stall values")
+    reasons = ncu.top_reasons(long, 7)
+    firsts = [t[0][0] for t in ncu.kernel_top_stalls(long)["top_stalls"] if t]  # every kernel's own largest
+    reasons += [r for r in dict.fromkeys(firsts) if r not in reasons][:3]
+    weight = long["weight"].iloc[0]
+    blocks: list[Any] = [_figure_block(weighted_stall_figure(long, reasons, title), "Warp stalls",
+                                       f"left: stall cycles per issued instruction x {weight} (warp-cycles), as a "
+                                       "share of all kernels' stall cycles; right: each kernel's own mix. Reasons "
+                                       "picked by their weighted total, so a long kernel's stalls are never hidden "
+                                       "in 'other'; 'selected' (issuing) is not a stall")]
+    tops = ncu.kernel_top_stalls(long)
+    info = k.set_index([c for c in ("run", "report", "kernel_id") if c in k.columns])
+    rows = []
+    for r in tops.to_dict("records"):
+        key = tuple(r[c] for c in ("run", "report", "kernel_id") if c in k.columns)
+        kr = info.loc[key] if key in info.index else pd.Series(dtype=object)
+        rows.append({**r, "label": kr.get("label"), "time_share_pct": kr.get("time_share_pct"),
+                     "duration_ns": kr.get("duration_ns")})
+    d = pd.DataFrame(rows).sort_values("stall_cycles", ascending=False, kind="stable")
+    spec = [("kernel", lambda r: Cell(_txt(r["label"]), "kname")),
+            ("share of time", lambda r: share_cell(r.get("time_share_pct"))),
+            ("share of all stall cycles", lambda r: share_cell(r.get("total_share_pct"))),
+            ("top stalls (cycles per issued instruction, share of its stalls)",
+             lambda r: Cell(stall_text(r["top_stalls"]), ""))]
+    blocks.append(_table(d, spec, caption="Each kernel's stalls, by its share of all stall cycles",
+                         note=f"weighted by {weight}; a kernel's top reasons are its own largest"))
+    return blocks
+
+
