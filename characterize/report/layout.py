@@ -96,6 +96,9 @@ NEEDS: dict[str, Need] = {n.name: n for n in (
     Need("predictions", "model predictions (predictions.csv)", lambda s: not s.predictions.empty,
          lambda s: s.errors.get("predictions") or "no predictions.csv in the run directory: the model step has "
                                                   "not been run for this run (predictions are labelled as such)"),
+    Need("e2e", "the DLRM step around each variant (e2e.csv)", lambda s: not s.run.e2e.empty,
+         lambda s: "no e2e.csv in the run directory: `characterize run` writes it (and `characterize e2e` prints "
+                   "it)"),
     Need("kernels", "per-kernel metrics of the report", lambda s: not s.kernels.empty,
          lambda s: "the report holds no kernels"),
     Need("sol", "speed-of-light metrics (SpeedOfLight section)",

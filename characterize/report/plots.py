@@ -440,6 +440,27 @@ def prediction_figure(pred: pd.DataFrame, gpu: str, title: str) -> Figure:
                         ylabel="predicted speedup over base (×)", ref=1.0, ref_label="base (1×)")
 
 
+def e2e_stage_figure(rows: pd.DataFrame, stages: Sequence[str], title: str) -> Figure:
+    """One stacked horizontal bar per variant: its batch time split by stage (the stage's
+    kernels plus the idle time before them), in execution order."""
+    variants = order_variants(rows["variant"].unique())
+    fig, ax = _figure(0.9 + 0.32 * len(variants))
+    table = rows.pivot_table(index="variant", columns="stage", values="time_us", aggfunc="mean")
+    left = np.zeros(len(variants))
+    colors = ("#7f7f7f", "#9467bd", "#d62728", "#2ca02c", "#1f77b4", "#8c564b", "#17becf", "#bcbd22", "#ff7f0e",
+              "#e377c2")
+    for i, st in enumerate(s for s in stages if s in table.columns):
+        vals = np.array([float(table.loc[v, st]) if v in table.index and pd.notna(table.loc[v, st]) else 0.0
+                         for v in variants]) / 1000.0
+        ax.barh(range(len(variants)), vals, left=left, color=colors[i % len(colors)], label=st.replace("_", " "))
+        left += vals
+    ax.set_yticks(range(len(variants)), variants)
+    ax.invert_yaxis()
+    _style(ax, title, xlabel="time per batch (ms)")
+    _legend(ax, ncols=4, loc="upper left", bbox_to_anchor=(0, -0.18))
+    return fig
+
+
 def predicted_vs_measured_figure(df: pd.DataFrame, title: str, measured: str = "measured_us",
                                  predicted: str = "predicted_us", unit: str = "µs") -> Figure:
     """Model prediction against measurement, one point per variant x dataset, log-log, y = x dashed."""

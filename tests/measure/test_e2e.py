@@ -105,3 +105,19 @@ def test_measured_step_on_the_gpu():
                                          reps=5))
     assert set(rows["source"]) == {"measured"} and (rows["time_us"] > 0).all()
     assert {"total", "embedding", "embedding_backward"} <= set(rows["stage"])
+
+
+def test_stage_gmae_joins_measured_and_predicted_stages():
+    from characterize.analysis.model.e2e import stage_gmae
+
+    common = {"variant": "base", "dataset": "medium", "gpu": "h100-sxm", "phase": "inference"}
+    rows = pd.DataFrame([
+        common | {"stage": "input_copy", "time_us": 100.0, "source": "predicted"},
+        common | {"stage": "embedding", "time_us": 200.0, "source": "predicted"},
+        common | {"stage": "total", "time_us": 400.0, "source": "predicted"},
+        common | {"stage": "embedding", "time_us": 250.0, "source": "measured"},
+        common | {"stage": "total", "time_us": 300.0, "source": "measured"},   # inputs already on the GPU
+    ])
+    g = stage_gmae(rows).set_index("stage")
+    assert g.loc["embedding", "gmae"] == pytest.approx(0.2) and g.loc["step", "gmae"] == pytest.approx(1e-4)  # floored
+    assert stage_gmae(rows[rows["source"] == "predicted"]).empty

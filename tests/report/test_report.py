@@ -614,3 +614,18 @@ def test_comparison_of_two_reports_matches_kernels(ncu_fixtures):
     html = report_html([a, b], strict=True, pairs=["nodeByPoint=#2"])
     part = panel_html(html, "c1-metrics")
     assert "manual (--pair)" in part and "#2 nodeByPoint5 (3 of 4)" in part and "nodeByPoint=#2" in part
+
+
+def test_the_dlrm_step_panel_shows_stages_bands_and_the_paper(tmp_path):
+    """The committed no-GPU paper run holds e2e.csv: stacked stage bars per phase and a
+    table with bands, speedups and the paper's end-to-end figure; a run without it says why."""
+    src = Path(__file__).resolve().parents[2] / "profiles" / "static-paper"
+    run = tmp_path / "run"
+    shutil.copytree(src, run)
+    html = report_html([run])
+    i = html.index("The whole DLRM step")
+    panel = html[i:html.index("</section>", i) if "</section>" in html[i:] else i + 200_000]
+    assert panel.count("data:image/png;base64,") >= 2          # inference and training
+    assert "speedup end to end" in panel and "1.77x end to end" in panel and "band (µs)" in panel
+    (run / "e2e.csv").unlink()
+    assert "no e2e.csv in the run directory" in report_html([run])

@@ -24,6 +24,7 @@ from typing import Iterable, Sequence
 
 import pandas as pd
 
+from characterize.analysis.calibrate import gmae
 from characterize.analysis.model.constants import ModelConstants
 from characterize.config import INDEX_BYTES, DlrmConfig, WorkloadConfig
 from characterize.errors import ConfigError
@@ -256,3 +257,23 @@ def predict_step(wl: WorkloadConfig, dlrm: DlrmConfig, embedding: pd.DataFrame, 
             df.at[i, "speedup_e2e"] = base["time_us"] / r["time_us"]
             df.at[i, "speedup_embedding"] = base["embedding_kernels_us"] / r["embedding_kernels_us"]
     return df.drop(columns="embedding_kernels_us")
+
+
+def stage_gmae(rows: pd.DataFrame) -> pd.DataFrame:
+    """Predicted against measured, per phase and stage, where a GPU run measured the
+    step: one row per (phase, stage) with points and gmae (geometric-mean absolute
+    error over variants and datasets). The measured batch starts with its inputs on
+    the GPU, so 'step' compares it with the predicted batch less the input copy."""
+    if rows.empty or not {"predicted", "measured"} <= set(rows.get("source", pd.Series(dtype=str))):
+        return pd.DataFrame(columns=["phase", "stage", "points", "gmae"])
+    key = ["variant", "dataset", "gpu", "phase", "stage"]
+    pred = rows[rows["source"] == "predicted"].copy()
+    copy = pred[pred["stage"] == "input_copy"].set_index(key[:-1])["time_us"]
+    step = pred[pred["stage"] == "total"].set_index(key[:-1])["time_us"].sub(copy, fill_value=0.0)
+    pred = pd.concat([pred.set_index(key)["time_us"],
+                      step.rename("time_us").to_frame().assign(stage="step").set_index("stage", append=True)["time_us"]])
+    meas = rows[rows["source"] == "measured"].replace({"stage": {"total": "step"}}).set_index(key)["time_us"]
+    both = pd.concat([pred.rename("predicted_us"), meas.rename("measured_us")], axis=1, join="inner").reset_index()
+    out = [{"phase": ph, "stage": st, "points": len(g), "gmae": gmae(g["predicted_us"], g["measured_us"])}
+           for (ph, st), g in both.groupby(["phase", "stage"], sort=False)]
+    return pd.DataFrame(out, columns=["phase", "stage", "points", "gmae"])

@@ -15,6 +15,7 @@ from characterize.analysis import compare as analyze
 from characterize.analysis import ncu
 from characterize.analysis.calibrate import gmae
 from characterize.analysis.claims import PAPER_CLAIMS
+from characterize.analysis.model.e2e import INFERENCE_STAGES, TRAINING_STAGES, stage_gmae
 from characterize.hardware import DEFAULT_GPU, GPUS
 from characterize.report.blocks import (
     CLAMP_NOTE,
@@ -69,6 +70,7 @@ from characterize.report.plots import (
     bandwidth_figure,
     coverage_figure,
     dram_figure,
+    e2e_stage_figure,
     hit_rate_figure,
     latency_figure,
     memory_chart_figure,
@@ -806,6 +808,46 @@ def _predicted_headline(d: pd.DataFrame, gpu: str) -> TableBlock:
                       caption=f"PREDICTED speedup over base{' on ' + gpu if gpu else ''} (model, not a measurement)")
 
 
+def _p_e2e(s: RunSource) -> PanelOutput:
+    e = s.run.e2e
+    gpus = list(dict.fromkeys(e["gpu"].astype(str)))
+    mine = s.gpu.get("key")
+    gpus.sort(key=lambda g: (g != mine, g))
+    datasets = order_datasets(e["dataset"].unique())
+    ds = "medium" if "medium" in datasets else datasets[0]
+    blocks: list[Any] = []
+    for gpu in gpus[:2]:
+        for phase, stages in (("inference", INFERENCE_STAGES), ("training", TRAINING_STAGES)):
+            d = e[(e["gpu"].astype(str) == gpu) & (e["phase"] == phase) & (e["dataset"] == ds)]
+            if d.empty:
+                continue
+            src = "measured" if (d["source"] == "measured").any() else "predicted"
+            d = d[d["source"] == src]
+            fig = e2e_stage_figure(d, stages, f"DLRM {phase} step per variant, {ds}, {gpu} ({src})")
+            blocks.append(_figure_block(fig, f"{phase.capitalize()} step ({gpu})",
+                                        f"time per batch split by stage ({src}; {ds}); a stage includes the idle "
+                                        "time before its kernels", stamp=PREDICTION_STAMP if src == "predicted"
+                                        else None))
+    tot = e[(e["stage"] == "total") & (e["dataset"] == ds)]
+    rows = []
+    for r in _order(tot).to_dict("records"):
+        rows.append([Cell(r["variant"], "code"), Cell(str(r["gpu"])), Cell(r["phase"]), Cell(r["source"]),
+                     Cell(fmt_num(r["time_us"]), "num"),
+                     Cell(f"{fmt_num(r.get('time_us_low'))}–{fmt_num(r.get('time_us_high'))}", "num"),
+                     Cell(fmt_pct(100 * r["embedding_share"]) if not _isnan(r.get("embedding_share")) else "–", "num"),
+                     Cell(fmt_x(r.get("speedup_e2e")), "num"), Cell(fmt_x(r.get("speedup_embedding")), "num")])
+    blocks.append(TableBlock(["variant", "GPU", "phase", "source", "batch (µs)", "band (µs)", "embedding share",
+                              "speedup end to end", "speedup embedding only"], rows,
+                             caption=f"{ds}; the paper (A100): up to {PAPER_CLAIMS['end_to_end'].ratio:.2f}x end to "
+                                     f"end, {PAPER_CLAIMS['combined'].ratio:.2f}x for the embedding stage"))
+    errors = stage_gmae(e)
+    if not errors.empty:
+        blocks.append(_table(errors, [("phase", _col("phase", _txt, "")), ("stage", _col("stage", _txt, "")),
+                                      ("points", _col("points")), ("GMAE", _col("gmae", lambda x: fmt_pct(100 * x)))],
+                             caption="the model against the measured step, per stage (geometric-mean absolute error)"))
+    return PanelOutput(blocks)
+
+
 def _p_predictions(s: RunSource) -> PanelOutput:
     p = s.predictions.copy()
     lacking = sorted({"variant", "dataset"} - set(p.columns))
@@ -969,6 +1011,9 @@ RUN_PANELS: tuple[Panel, ...] = (
           "point matrix", _p_rules),
     Panel("predictions", "Model predictions", S_MODEL, ("predictions",), ("model",),
           "predictions.csv written by the model step; predictions, not measurements", _p_predictions),
+    Panel("e2e", "The whole DLRM step", S_MODEL, ("e2e",), ("model",),
+          "e2e.csv: the DLRM step (bottom MLP, embedding stage, interaction, top MLP; training adds backward and "
+          "optimizer) per variant, predicted per stage by analysis.model.e2e (measured on a GPU)", _p_e2e),
     Panel("predicted-vs-measured", "Predicted vs measured", S_MODEL, ("predictions", "bench"),
           lambda s: ("model", s.timing_provenance),
           "predictions for the run's GPU joined with the measured points (and ncu L2 hit rates collected with "
