@@ -449,7 +449,9 @@ def e2e_stage_figure(rows: pd.DataFrame, stages: Sequence[str], title: str) -> F
     left = np.zeros(len(variants))
     colors = ("#7f7f7f", "#9467bd", "#d62728", "#2ca02c", "#1f77b4", "#8c564b", "#17becf", "#bcbd22", "#ff7f0e",
               "#e377c2")
-    for i, st in enumerate(s for s in stages if s in table.columns):
+    for i, st in enumerate(stages):   # colours follow the stage, whichever stages a chart has
+        if st not in table.columns:
+            continue
         vals = np.array([float(table.loc[v, st]) if v in table.index and pd.notna(table.loc[v, st]) else 0.0
                          for v in variants]) / 1000.0
         ax.barh(range(len(variants)), vals, left=left, color=colors[i % len(colors)], label=st.replace("_", " "))
