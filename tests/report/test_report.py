@@ -546,8 +546,15 @@ def test_sass_panel_sets_the_hot_loop_beside_the_model(no_gpu_run, tmp_path):
     sass = panel_html(html, "s1-sass")
     assert not is_missing(html, "s1-sass") and "<figure" in sass
     for text in ("rows in flight (SASS)", "model assumes", "4 × 64-bit, 4 × 32-bit", "8 × 128-bit", "2.12",
-                 "the model assumes 1.4x the rows in flight the SASS keeps", "Not measured: no Nsight Compute"):
+                 "model and SASS agree", "Not measured: no Nsight Compute"):
         assert text in sass, text
+    # a model that assumed more than the code does is called out
+    assuming = tmp_path / "assuming"
+    shutil.copytree(no_gpu_run, assuming)
+    p = pd.read_csv(assuming / "predictions.csv")
+    p.loc[p["variant"] == "base", "loads_in_flight"] = 1.16
+    p.to_csv(assuming / "predictions.csv", index=False)
+    assert "the model assumes 1.4x the rows in flight the SASS keeps" in panel_html(report_html([assuming]), "s1-sass")
     bare = tmp_path / "bare"
     shutil.copytree(no_gpu_run, bare)
     (bare / "sass.csv").unlink()
