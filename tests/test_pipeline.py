@@ -58,6 +58,7 @@ def test_predict_reuses_static_rows_that_cover_it(monkeypatch):
     assert not called
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(bool(devices()), reason="checks the no-GPU path")
 def test_a_run_without_a_gpu_characterizes_statically_and_reports(tmp_path):
     exp = pipeline.load_experiment(str(write_experiment(tmp_path, variants=("base", "optmt", "warp"))))

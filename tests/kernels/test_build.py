@@ -95,6 +95,7 @@ def test_unknown_dtype_is_a_build_error():
         BuildSpec("cuda", "sm_80", dtype="int4")
 
 
+@pytest.mark.slow
 def test_cache_hit_and_cap(tmp_path, monkeypatch):
     monkeypatch.setenv("CHARACTERIZE_CACHE", str(tmp_path))
     first = build(BuildSpec("cuda", "sm_80", 40))

@@ -59,6 +59,7 @@ def test_bench_writes_every_point_and_resume_skips_them(tmp_path):
     assert {p.name: p.read_text() for p in (out / "points" / "bench").glob("*.json")} == before
 
 
+@pytest.mark.slow
 def test_a_failing_point_is_recorded_and_the_rest_continue(tmp_path):
     bad = tmp_path / "bad.txt"
     bad.write_text("1\n2\n5000\n")  # 5000 is outside E=1009
@@ -211,6 +212,7 @@ def test_profile_permission_error_is_explained_and_stops(tmp_path, fake_ncu, mon
     assert len(calls(log)) == 1  # no point in trying the others
 
 
+@pytest.mark.slow
 def test_profile_falls_back_to_launch_order_when_nvtx_matches_nothing(tmp_path, fake_ncu, monkeypatch):
     ncu, log = fake_ncu
     monkeypatch.setenv("FAKE_NCU_MODE", "nvtx-mismatch")
@@ -224,6 +226,7 @@ def test_profile_falls_back_to_launch_order_when_nvtx_matches_nothing(tmp_path, 
     assert load_run(tmp_path / "run").points("profile")[0]["scoping"] == "launch-skip"
 
 
+@pytest.mark.slow
 def test_profile_point_failure_is_recorded_and_others_continue(tmp_path, fake_ncu, monkeypatch):
     ncu, log = fake_ncu
     monkeypatch.setenv("FAKE_NCU_MODE", "crash")

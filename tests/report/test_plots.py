@@ -6,6 +6,7 @@ import io
 
 import numpy as np
 import pandas as pd
+import pytest
 from matplotlib.image import imread
 
 from characterize.analysis.ncu import kernel_labels
@@ -96,6 +97,7 @@ def test_coverage_starts_at_one_row_and_shows_every_dataset():
     assert not _overlaps_data(fig) and _not_blank(fig)
 
 
+@pytest.mark.slow
 def test_no_legend_over_data_and_a_legend_on_every_bar_chart():
     s = pd.DataFrame({"variant": ["base", "rpf", "base", "rpf"], "dataset": ["medium", "medium", "random", "random"],
                       "latency_us": [10.0, 7.0, 30.0, 20.0], "latency_ci95_us": [0.1, 0.2, 0.3, 0.2],

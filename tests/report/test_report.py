@@ -360,6 +360,7 @@ def test_a_run_whose_points_all_failed_lists_the_failures(tmp_path):
     assert "no locality.json" in panel_html(html, "s1-locality")
 
 
+@pytest.mark.slow
 def test_an_unreadable_report_costs_only_its_point(tmp_path):
     report = profile_fixture()
     if report is None:
@@ -457,6 +458,7 @@ def test_hostile_names_are_escaped(tmp_path):
 
 
 # ------------------------------------------------------------- two sources
+@pytest.mark.slow
 def test_two_runs_compare_and_list_unmatched_points_and_kernels(tmp_path):
     a = make_gpu_run(tmp_path / "a", tmp_path, variants=("base", "optmt"), datasets=("medium",),
                      predictions=False, failed_profile=None)
@@ -478,6 +480,7 @@ def test_two_runs_compare_and_list_unmatched_points_and_kernels(tmp_path):
     assert "Nsight Compute" in with_section(html, "c1-metrics")
 
 
+@pytest.mark.slow
 def test_a_run_compared_with_an_imported_report(small_run, tmp_path):
     html = report_html([small_run, hostile_csv(tmp_path)], strict=True)
     assert 'id="s2-kernels"' in html and 'id="c1-metrics"' in html and 'id="c1-bench"' not in html
@@ -486,6 +489,7 @@ def test_a_run_compared_with_an_imported_report(small_run, tmp_path):
 
 
 # ------------------------------------------------------------ notebook use
+@pytest.mark.slow
 def test_render_report_takes_a_bare_source_and_returns_the_path(small_run, tmp_path):
     out = render_report(small_run, tmp_path, title="A100 <run>")
     assert out == tmp_path / "report.html" and out.is_file()
@@ -541,6 +545,7 @@ def test_nothing_measured_the_headline_shows_predictions_with_bands(no_gpu_run):
     assert "CUDA events" not in head and "no CUDA GPU on this machine" in head
 
 
+@pytest.mark.slow
 def test_sass_panel_sets_the_hot_loop_beside_the_model(no_gpu_run, tmp_path):
     html = report_html([no_gpu_run], strict=True)
     sass = panel_html(html, "s1-sass")
@@ -623,6 +628,7 @@ def test_comparison_of_two_reports_matches_kernels(ncu_fixtures):
     assert "manual (--pair)" in part and "#2 nodeByPoint5 (3 of 4)" in part and "nodeByPoint=#2" in part
 
 
+@pytest.mark.slow
 def test_the_dlrm_step_panel_shows_stages_bands_and_the_paper(tmp_path):
     """The committed no-GPU paper run holds e2e.csv: stacked stage bars per phase and a
     table with bands, speedups and the paper's end-to-end figure; a run without it says why."""
