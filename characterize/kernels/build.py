@@ -72,30 +72,29 @@ def _nvcc_version(path: Path) -> str:
     return m.group(2) if m else out.strip().splitlines()[-1] if out.strip() else "unknown"
 
 
-def _wheel_nvccs() -> list[Path]:
-    """nvcc shipped by NVIDIA's PyPI wheels (nvidia-cuda-nvcc, nvidia-cuda-nvcc-cu12)."""
-    found = []
-    for entry in sys.path:
-        root = Path(entry) / "nvidia"
-        if root.is_dir():
-            found += sorted(root.glob("*/bin/nvcc"), reverse=True)
-    return [p for p in found if os.access(p, os.X_OK)]
-
-
-def _nvcc_candidates() -> list[tuple[Path, str]]:
-    """Places nvcc may be, in order of preference, with where each came from."""
+def cuda_tool_candidates(name: str, env_var: str) -> list[tuple[Path, str]]:
+    """Places a CUDA tool (nvcc, cuobjdump, ...) may be, in order of preference, with
+    where each came from: $env_var, PATH, $CUDA_HOME/$CUDA_PATH, /usr/local/cuda, then
+    NVIDIA's PyPI wheels (their binaries sit under nvidia/<cuXX>/bin)."""
     candidates: list[tuple[Path, str]] = []
-    if os.environ.get("CHARACTERIZE_NVCC"):
-        candidates.append((Path(os.environ["CHARACTERIZE_NVCC"]), "CHARACTERIZE_NVCC"))
-    on_path = shutil.which("nvcc")
+    if os.environ.get(env_var):
+        candidates.append((Path(os.environ[env_var]), env_var))
+    on_path = shutil.which(name)
     if on_path:
         candidates.append((Path(on_path), "PATH"))
     for var in ("CUDA_HOME", "CUDA_PATH"):
         if os.environ.get(var):
-            candidates.append((Path(os.environ[var]) / "bin" / "nvcc", var))
-    candidates.append((Path("/usr/local/cuda/bin/nvcc"), "/usr/local/cuda"))
-    candidates += [(p, "pip wheel") for p in _wheel_nvccs()]
+            candidates.append((Path(os.environ[var]) / "bin" / name, var))
+    candidates.append((Path("/usr/local/cuda/bin") / name, "/usr/local/cuda"))
+    for entry in sys.path:
+        root = Path(entry) / "nvidia"
+        if root.is_dir():
+            candidates += [(p, "pip wheel") for p in sorted(root.glob(f"*/bin/{name}"), reverse=True)]
     return candidates
+
+
+def _nvcc_candidates() -> list[tuple[Path, str]]:
+    return cuda_tool_candidates("nvcc", "CHARACTERIZE_NVCC")
 
 
 @lru_cache(maxsize=None)

@@ -50,9 +50,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import shutil
 import subprocess
-import sys
 import threading
 from dataclasses import asdict, dataclass
 from functools import lru_cache
@@ -66,6 +64,7 @@ from characterize.kernels.build import (
     BuildResult,
     Toolchain,
     cache_root,
+    cuda_tool_candidates,
     demangle,
 )
 
@@ -90,27 +89,8 @@ def _tool_version(path: Path) -> str:
     return m.group(1) if m else (out.strip().splitlines()[-1] if out.strip() else "unknown")
 
 
-def _tool_candidates(name: str, env_var: str) -> list[tuple[Path, str]]:
-    """Places `name` may be, in order of preference, with where each came from."""
-    candidates: list[tuple[Path, str]] = []
-    if os.environ.get(env_var):
-        candidates.append((Path(os.environ[env_var]), env_var))
-    on_path = shutil.which(name)
-    if on_path:
-        candidates.append((Path(on_path), "PATH"))
-    for var in ("CUDA_HOME", "CUDA_PATH"):
-        if os.environ.get(var):
-            candidates.append((Path(os.environ[var]) / "bin" / name, var))
-    candidates.append((Path("/usr/local/cuda/bin") / name, "/usr/local/cuda"))
-    for entry in sys.path:  # NVIDIA's PyPI wheels put their binaries under nvidia/<cuXX>/bin
-        root = Path(entry) / "nvidia"
-        if root.is_dir():
-            candidates += [(p, "pip wheel") for p in sorted(root.glob(f"*/bin/{name}"), reverse=True)]
-    return candidates
-
-
 def _find_tool(name: str, env_var: str) -> Toolchain:
-    for path, where in _tool_candidates(name, env_var):
+    for path, where in cuda_tool_candidates(name, env_var):
         if path.is_file() and os.access(path, os.X_OK):
             return Toolchain(path, _tool_version(path), where)
     raise ToolchainNotFound(f"no {name} found (looked at ${env_var}, PATH, $CUDA_HOME, /usr/local/cuda and "

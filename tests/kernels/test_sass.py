@@ -101,7 +101,7 @@ def test_loop_classification_and_replay_on_a_listing():
 
 
 def test_missing_cuobjdump_says_how_to_get_it(monkeypatch):
-    monkeypatch.setattr(S, "_tool_candidates", lambda name, env: [])
+    monkeypatch.setattr(S, "cuda_tool_candidates", lambda name, env: [])
     S.find_cuobjdump.cache_clear()
     try:
         with pytest.raises(ToolchainNotFound, match=r"pip install 'characterize\[sass\]'"):
