@@ -3,10 +3,15 @@ messages and exit codes, option bundles and table printing."""
 
 from __future__ import annotations
 
+import contextlib
+import math
+import numbers
 import os
 import signal
+import sys
 import threading
-from typing import Any, Callable
+import time
+from typing import Any, Callable, Iterable, Iterator
 
 import click
 
@@ -56,26 +61,191 @@ def echo_err(msg: str) -> None:
     click.echo(msg, err=True)
 
 
-def print_rows(rows: list[dict], columns: list[str] | None = None, floatfmt: str = "{:.4g}") -> None:
-    """A plain aligned text table."""
+def _is_number(v: object) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+
+def _format_column(name: str, values: list[object], floatfmt: str | None,
+                   fraction: bool = False) -> tuple[list[str], bool]:
+    """Cells of one column and whether it is numeric (right-aligned). Percent columns
+    (`*_pct`, or fractions when `fraction`) read 62.5%, integral columns print without
+    decimals and with thousands separators, other numbers with one number of decimals per
+    column (4 significant digits of its largest value), so that decimal points line up,
+    unless that would show a non-zero value as 0: then 4 significant digits each."""
+    nums = [v for v in values if _is_number(v) and v == v]
+    numeric = bool(nums) and all(_is_number(v) or v is None or v == "" or v != v for v in values)
+    integral = numeric and all(float(v).is_integer() for v in nums)
+    largest = max((abs(float(v)) for v in nums if v not in (float("inf"), float("-inf"))), default=0.0)
+    decimals = min(6, max(0, 3 - math.floor(math.log10(largest)))) if largest > 0 else 2
+    smallest = min((abs(float(v)) for v in nums if v != 0), default=largest)
+    # a value the column's decimals would show as 0 (an error beside a failure, say): 4 digits each
+    significant = largest < 1e-3 or smallest < 0.5 * 10.0 ** -decimals
+    pct = name.endswith("_pct") or name.endswith("%")
+    cells = []
+    for v in values:
+        if v is None or (isinstance(v, float) and v != v) or (_is_number(v) and v != v):
+            cells.append("")   # NaN: nothing to show
+        elif isinstance(v, bool) or not _is_number(v):
+            cells.append(str(v))
+        elif fraction:
+            cells.append(f"{100 * float(v):.1f}%")
+        elif pct:
+            cells.append(f"{float(v):.1f}%")
+        elif integral:
+            cells.append(f"{int(v):,}")
+        elif floatfmt is not None:
+            cells.append(floatfmt.format(v))
+        elif significant:
+            cells.append(f"{float(v):.4g}")
+        else:
+            cells.append(f"{float(v):,.{decimals}f}")
+    return cells, numeric
+
+
+def format_table(rows: list[dict], columns: list[str] | None = None, floatfmt: str | None = None,
+                 fractions: Iterable[str] = ()) -> list[str]:
+    """Lines of a plain aligned text table: text left-aligned, numbers right-aligned;
+    the `fractions` columns (0..1) shown as percentages."""
     if not rows:
-        click.echo("(nothing)")
-        return
+        return ["(nothing)"]
     cols = columns or list(rows[0])
-    cells = [[c for c in cols]]
-    for r in rows:
-        line = []
-        for c in cols:
-            v = r.get(c, "")
-            if isinstance(v, float):
-                v = "" if v != v else floatfmt.format(v)  # NaN: nothing to show
-            line.append("" if v is None else str(v))
-        cells.append(line)
-    widths = [max(len(row[i]) for row in cells) for i in range(len(cols))]
-    for j, row in enumerate(cells):
-        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
-        if j == 0:
-            click.echo("  ".join("-" * w for w in widths))
+    frac = set(fractions)
+    formatted = [_format_column(c, [r.get(c) for r in rows], floatfmt, c in frac) for c in cols]
+    widths = [max(len(c), *(len(x) for x in cells)) for c, (cells, _) in zip(cols, formatted)]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(cell.rjust(w) if numeric else cell.ljust(w)
+                         for cell, w, (_, numeric) in zip(cells, widths, formatted)).rstrip()
+
+    out = [line(list(cols)), "  ".join("-" * w for w in widths)]
+    for i in range(len(rows)):
+        out.append(line([cells[i] for cells, _ in formatted]))
+    return out
+
+
+def print_rows(rows: list[dict], columns: list[str] | None = None, floatfmt: str | None = None,
+               fractions: Iterable[str] = ()) -> None:
+    """Print a plain aligned text table (see format_table)."""
+    for ln in format_table(rows, columns, floatfmt, fractions):
+        click.echo(ln)
+
+
+# ---------------------------------------------------------------- progress
+def bars_wanted() -> bool:
+    """Progress bars only on a terminal: piped or logged output gets one line per step."""
+    return sys.stderr.isatty() and os.environ.get("TERM", "") != "dumb"
+
+
+class _PlainTask:
+    """A step without a bar: silent until its one-line summary, except that a long one
+    says where it is at most every PLAIN_EVERY_S seconds (a cold nvcc build takes minutes)."""
+
+    PLAIN_EVERY_S = 15.0
+
+    def __init__(self, say: Callable[[str], None] | None = None, title: str = "", total: int | None = None,
+                 unit: str = "") -> None:
+        self.summary = ""
+        self.say, self.title, self.total, self.unit, self.done = say, title, total, unit, 0
+        self.last = time.perf_counter()
+
+    def grow(self, n: int = 1) -> None:
+        self.total = (self.total or 0) + n
+
+    def advance(self, n: int = 1, item: str = "") -> None:
+        self.done += n
+        now = time.perf_counter()
+        if self.say is not None and n and now - self.last >= self.PLAIN_EVERY_S:
+            self.last = now
+            count = f"{self.done}/{self.total} {self.unit}" if self.total else f"{self.done} {self.unit} so far"
+            self.say(f"{self.title}: {count.rstrip()}" + (f" ({item})" if item else "") + " ...")
+
+    def finish(self, summary: str) -> None:
+        self.summary = summary
+
+
+class _BarTask(_PlainTask):
+    """One rich task; "done/total unit" is shown only once a total is known."""
+
+    def __init__(self, progress: Any, task_id: Any, total: int | None, unit: str) -> None:
+        super().__init__(None, "", total, unit)
+        self.progress, self.id = progress, task_id
+        self._show()
+
+    def _show(self, **fields: Any) -> None:
+        count = f"{self.done}/{self.total} {self.unit}" if self.total else f"{self.done} {self.unit}" if self.done else ""
+        self.progress.update(self.id, total=self.total, completed=self.done, count=count.rstrip(), **fields)
+
+    def grow(self, n: int = 1) -> None:
+        self.total = (self.total or 0) + n
+        self._show()
+
+    def advance(self, n: int = 1, item: str = "") -> None:
+        self.done += n
+        self._show(**({"item": item} if item else {}))
+
+
+class TerminalReporter:
+    """The CLI's reporter (characterize.pipeline.Reporter): a rich progress bar per step
+    on stderr when it is a terminal, replaced by the step's one-line summary when it
+    ends; without a terminal only those lines, plus where a long step is every
+    _PlainTask.PLAIN_EVERY_S seconds. Use it as a context manager."""
+
+    def __init__(self, indent: str = "  ", bars: bool | None = None, quiet: bool = False,
+                 summaries: bool = True) -> None:
+        self.indent = indent
+        self.quiet = quiet          # machine-readable output (--json): nothing on stderr
+        self.summaries = summaries  # a line per finished step (off where the command says it itself)
+        self.bars = not quiet and (bars_wanted() if bars is None else bars)
+        self.progress: Any = None
+
+    def __enter__(self) -> "TerminalReporter":
+        if self.bars:
+            from rich.console import Console
+            from rich.progress import (
+                BarColumn,
+                Progress,
+                SpinnerColumn,
+                TextColumn,
+                TimeElapsedColumn,
+            )
+
+            self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                                     TextColumn("{task.fields[count]}"), TimeElapsedColumn(),
+                                     TextColumn("{task.fields[item]}"),
+                                     console=Console(file=sys.stderr), transient=True)
+            self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+
+    def message(self, text: str) -> None:
+        line = f"{self.indent}{text}"
+        if self.quiet:
+            return
+        if self.progress is not None:
+            self.progress.console.print(line, markup=False, highlight=False, soft_wrap=True)
+        else:
+            echo_err(line)
+
+    @contextlib.contextmanager
+    def task(self, title: str, total: int | None = None, unit: str = "") -> Iterator[_PlainTask]:
+        start = time.perf_counter()
+        if self.progress is None:
+            task = _PlainTask(self.message if self.summaries else None, title, total, unit)
+            yield task
+        else:
+            task_id = self.progress.add_task(self.indent + title, total=total, item="", count="")
+            task = _BarTask(self.progress, task_id, total, unit)
+            try:
+                yield task
+            finally:
+                self.progress.remove_task(task_id)
+                self.progress.refresh()
+        if self.summaries:
+            self.message(f"{title}: {task.summary or 'done'} ({time.perf_counter() - start:.1f} s)")
 
 
 def workload_options(f: Callable) -> Callable:

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import click
 
-from characterize.cli.base import echo_err, main, print_rows
+from characterize.cli.base import TerminalReporter, echo_err, main, print_rows
 
 
 # -------------------------------------------------------------------- import
@@ -67,9 +66,9 @@ def report(sources: tuple[Path, ...], output: Path, title: str | None, no_compar
     from characterize.report.render import render_report
 
     parse_pairs(pairs)  # a malformed --pair is one clear line, before any work
-    start = time.perf_counter()
-    path = render_report(list(sources), output, title=title, compare=not no_compare, pairs=pairs)
-    echo_err(f"rendered in {time.perf_counter() - start:.1f} s")
+    with TerminalReporter(indent="") as reporter, reporter.task(f"rendering {len(sources)} source(s)") as task:
+        path = render_report(list(sources), output, title=title, compare=not no_compare, pairs=pairs)
+        task.finish("rendered")
     click.echo(f"report: {path}")
 
 

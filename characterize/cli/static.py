@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from characterize.cli.base import (
+    TerminalReporter,
     csv_list,
     echo_err,
     main,
@@ -60,15 +61,19 @@ def build(archs: str, variants: str | None, caps: str | None, D: int, params: tu
           as_json: bool) -> None:
     """Compile every variant per architecture; registers, spills and theoretical occupancy."""
     from characterize.hardware import parse_archs
+    from characterize.kernels.build import BuildTally, observe_builds
     from characterize.kernels.static import static_characterization
 
     arch_list = parse_archs(archs)
     cap_list = [int(c) for c in csv_list(caps) or []]
     start = time.perf_counter()
-    if not as_json:
-        echo_err(f"compiling the kernel family ({dtype}) for {', '.join(arch_list)} (cached builds are reused) ...")
-    rows = static_characterization(csv_list(variants), arch_list, cap_list, D=D, params=parse_param_overrides(params),
-                                   dtype=dtype)
+    with TerminalReporter(indent="", quiet=as_json) as reporter, \
+            reporter.task(f"compiling the kernel family ({dtype}) for {', '.join(arch_list)}") as task:
+        tally = BuildTally.advancing(task)
+        with observe_builds(tally):
+            rows = static_characterization(csv_list(variants), arch_list, cap_list, D=D,
+                                           params=parse_param_overrides(params), dtype=dtype)
+        task.finish(tally.summary())
     elapsed = time.perf_counter() - start
     if as_json:
         click.echo(json.dumps([r.to_dict() for r in rows], indent=2))
@@ -123,7 +128,7 @@ def check(variants: str | None, datasets: str, backend: str, paper_shape: bool, 
         click.echo(json.dumps([r.to_dict() for r in results], indent=2))
     else:
         print_rows([r.to_dict() for r in results], ["variant", "dtype", "dataset", "mode", "backend", "max_abs_err",
-                                                     "tolerance", "offset2bag_ok", "bag_size_ok", "passed", "error"])
+                                                     "tolerance", "offset2bag_ok", "bag_size_ok", "passed", "error", "note"])
     failed = [r for r in results if r.passed is False]
     ran = [r for r in results if r.passed is not None]
     skipped = len(results) - len(ran)

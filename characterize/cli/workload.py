@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from characterize.cli.base import (
+    TerminalReporter,
     echo_err,
     main,
     print_rows,
@@ -45,13 +46,19 @@ def workload_presets(as_json: bool) -> None:
 @click.option("--rows", "E", type=int, default=None, help="rows per table (E); inferred from traces when omitted")
 @click.option("--top-k", "top_k", type=int, multiple=True, help=f"K for top-K coverage (repeatable; {PAPER_HOT_ROWS} always)")
 @click.option("--gpu", default=REFERENCE_ARCH, show_default=True, help="also report K = rows fitting this GPU's L2")
-@click.option("--lookups", type=int, default=None, help="presets: analyze a stream of exactly N lookups")
+@click.option("--lookups", type=int, default=None,
+              help="presets: a stream of exactly N lookups; files: the first N lookups of the table (at most what "
+                   "it holds, or what the bench reads with --as-consumed)")
 @click.option("--table", type=int, default=0, show_default=True, help="which table of the dataset")
+@click.option("--as-consumed", is_flag=True,
+              help="files: what the bench reads instead of the file as it is: batches x B x L lookups, the file "
+                   "read circularly (--batches, --B, --L set them)")
 @workload_options
 @click.option("--json", "as_json", is_flag=True)
 def workload_stats(source: str, E: int | None, top_k: tuple[int, ...], gpu: str, lookups: int | None, table: int,
-                   as_json: bool, **wl: Any) -> None:
-    """Locality of a preset (one-item, high, medium, low, random, zipf:A) or a trace file."""
+                   as_consumed: bool, as_json: bool, **wl: Any) -> None:
+    """Locality of a preset (one-item, high, medium, low, random, zipf:A) or a trace file
+    (its own lookups, or with --as-consumed what the bench reads of it)."""
     from characterize.hardware import gpu_spec
     from characterize.workloads.locality import source_locality
 
@@ -59,14 +66,37 @@ def workload_stats(source: str, E: int | None, top_k: tuple[int, ...], gpu: str,
     spec = gpu_spec(gpu)
     start = time.perf_counter()
     l2_rows = spec.rows_in_l2(config.row_bytes)
-    res = source_locality(source, config, rows=E, lookups=lookups, table=table, top_k=[*top_k, l2_rows])
+    with TerminalReporter(indent="", quiet=as_json, summaries=False) as reporter, \
+            reporter.task(f"locality of {source}", unit="lookups") as task:   # big traces take seconds
+        seen = [0]
+
+        def follow(done: int, total: int) -> None:
+            if not seen[0]:
+                task.grow(total)
+            task.advance(done - seen[0], item="reuse distances")
+            seen[0] = done
+
+        res = source_locality(source, config, rows=E, lookups=lookups, table=table, top_k=[*top_k, l2_rows],
+                              as_consumed=as_consumed, progress=follow)
+        task.finish("done")
     stats, rows = res.stats, res.rows
     elapsed = time.perf_counter() - start
     if as_json:
-        out = stats.to_json() | {"source": source, "table": table, "l2_rows": {spec.name: l2_rows}, "seconds": elapsed}
+        out = stats.to_json() | {"source": source, "table": table, "view": res.view,
+                                 "file_lookups": res.file_lookups, "tables_in_file": res.tables_in_file,
+                                 "l2_rows": {spec.name: l2_rows}, "seconds": elapsed}
         click.echo(json.dumps(out, indent=2))
         return
-    click.echo(f"{source} (table {table}): {stats.lookups:,} lookups over {rows:,} rows of {config.row_bytes} B")
+    if res.view == "file":
+        part = "" if stats.lookups == res.file_lookups else f"the first {stats.lookups:,} of "
+        view = f"{part}the file's {res.file_lookups:,} lookups"
+    elif res.view == "consumed":
+        held = f"; the file holds {res.file_lookups:,}" if res.file_lookups is not None else ""
+        view = (f"{stats.lookups:,} lookups as the bench reads them ({config.batches} batches x B={config.B} x "
+                f"L={config.L}, read circularly{held})")
+    else:
+        view = f"{stats.lookups:,} generated lookups"
+    click.echo(f"{source} (table {table}): {view}, over {rows:,} rows of {config.row_bytes} B")
     click.echo(f"  unique rows        {stats.unique_rows:,} ({stats.unique_rows / rows:.1%} of the table)")
     click.echo(f"  bytes touched      {stats.bytes_touched / 2**20:,.1f} MiB")
     for k, v in stats.top_k_coverage.items():
@@ -75,7 +105,16 @@ def workload_stats(source: str, E: int | None, top_k: tuple[int, ...], gpu: str,
     q = "  ".join(f"{k}={v:,.0f}" for k, v in stats.reuse_distance_quantiles.items())
     click.echo(f"  reuse distance     {q}  (distinct rows between re-reads)")
     click.echo(f"  first reads        {stats.cold_fraction:.1%} of lookups")
+    if res.view == "file" and source_is_file(source):
+        echo_err("the file as it is; --as-consumed shows what the bench reads of it (batches x B x L, circularly)")
     echo_err(f"analyzed in {elapsed:.2f} s")
+
+
+def source_is_file(source: str) -> bool:
+    """Whether a dataset name is a trace file rather than a preset."""
+    from characterize.workloads.presets import Hotness, parse_dataset
+
+    return not isinstance(parse_dataset(source), Hotness)
 
 
 @workload.command("generate")

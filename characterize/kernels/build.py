@@ -9,6 +9,8 @@ rebuilding the family for two architectures costs seconds once and nothing after
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import ctypes
 import ctypes.util
 import hashlib
@@ -20,16 +22,19 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from characterize.errors import BuildError, ToolchainNotFound
 from characterize.hardware import REFERENCE_ARCH
 
 SOURCE = "embedding_bag.cu"
+#: the training step's kernels (backward and fused optimizer): their own library per build
+TRAINING_SOURCE = "embedding_bag_backward.cu"
+SOURCES = (SOURCE, TRAINING_SOURCE)
 #: the table element types the kernels read, as CHZ_DTYPE codes (chz_compat.cuh): int8 is
 #: row-wise quantized with an fp32 scale and bias after the values, int8h with fp16 ones
 DTYPE_CODES = {"fp32": 0, "fp16": 1, "bf16": 2, "int8": 3, "int8h": 4}
@@ -134,10 +139,13 @@ class BuildSpec:
     arch: str | None = REFERENCE_ARCH  # SM architecture for cuda builds
     maxrregcount: int | None = None  # register cap (cuda builds only)
     dtype: str = "fp32"             # table element type: one library per dtype (DTYPE_CODES)
+    source: str = SOURCE            # the .cu file: the forward family or the training kernels (SOURCES)
 
     def __post_init__(self) -> None:
         if self.target not in ("cuda", "emulate"):
             raise BuildError(f"unknown build target {self.target!r}")
+        if self.source not in SOURCES:
+            raise BuildError(f"unknown kernel source {self.source!r}; the sources are {', '.join(SOURCES)}")
         if self.dtype not in DTYPE_CODES:
             raise BuildError(f"unknown dtype {self.dtype!r}; the kernels read {', '.join(DTYPE_CODES)}")
         if self.target == "emulate":
@@ -146,13 +154,15 @@ class BuildSpec:
 
     def label(self) -> str:
         dtype = "" if self.dtype == "fp32" else f" {self.dtype}"
+        if self.source != SOURCE:
+            dtype += f" ({self.source})"
         if self.target == "emulate":
             return "cpu-emulation" + dtype
         return f"{self.arch}" + (f" maxrregcount={self.maxrregcount}" if self.maxrregcount else "") + dtype
 
     def command(self, compiler: Path, output: Path) -> list[str]:
         """The exact compiler command line."""
-        src = kernels_dir() / SOURCE
+        src = kernels_dir() / self.source
         if self.target == "emulate":
             return [str(compiler), "-O2", "-std=c++17", "-shared", "-fPIC", "-x", "c++", "-DCHZ_EMULATE",
                     f"-DCHZ_DTYPE={DTYPE_CODES[self.dtype]}", f"-I{kernels_dir()}", "-o", str(output), str(src)]
@@ -279,10 +289,12 @@ def parse_ptxas(log: str) -> dict[str, KernelResources]:
 
 
 # ---------------------------------------------------------------------- build
-def _source_digest() -> str:
+def _source_digest(source: str = SOURCE) -> str:
+    """The headers and the one .cu file a build compiles (so editing one source
+    rebuilds only its libraries)."""
     h = hashlib.sha256()
     for path in sorted(kernels_dir().glob("*")):
-        if path.suffix in (".cu", ".cuh", ".h"):
+        if path.suffix in (".cuh", ".h") or path.name == source:
             h.update(path.name.encode())
             h.update(path.read_bytes())
     return h.hexdigest()
@@ -315,15 +327,28 @@ def _remove_litter(directory: Path) -> None:
         shutil.rmtree(d, ignore_errors=True)
 
 
+def _cache_dir(spec: BuildSpec, tool: Toolchain) -> Path:
+    """Where the build of `spec` with `tool` lives in the cache (keyed by sources, flags, compiler)."""
+    fields = asdict(spec)
+    if spec.source == SOURCE:   # the forward's cache keys stay those it had before the training source
+        del fields["source"]
+    key_data = json.dumps({"format": CACHE_FORMAT, "spec": fields, "compiler": str(tool.path),
+                           "version": tool.version, "sources": _source_digest(spec.source)}, sort_keys=True)
+    return cache_root() / "build" / hashlib.sha256(key_data.encode()).hexdigest()[:20]
+
+
+def is_cached(spec: BuildSpec) -> bool:
+    """Whether `build(spec)` would reuse a cached library instead of compiling."""
+    return (_cache_dir(spec, _toolchain_for(spec)) / "build.json").is_file()
+
+
 def build(spec: BuildSpec, *, force: bool = False) -> BuildResult:
     """Compile (or fetch from the cache) the kernel family for `spec`."""
-    if not (kernels_dir() / SOURCE).is_file():
+    if not (kernels_dir() / spec.source).is_file():
         raise BuildError(f"kernel sources not found in {kernels_dir()} (set CHARACTERIZE_KERNELS)")
     tool = _toolchain_for(spec)
-    key_data = json.dumps({"format": CACHE_FORMAT, "spec": asdict(spec), "compiler": str(tool.path),
-                           "version": tool.version, "sources": _source_digest()}, sort_keys=True)
-    key = hashlib.sha256(key_data.encode()).hexdigest()[:20]
-    final = cache_root() / "build" / key
+    final = _cache_dir(spec, tool)
+    key = final.name
     meta_path = final / "build.json"
     if meta_path.is_file() and not force:
         try:
@@ -342,7 +367,7 @@ def build(spec: BuildSpec, *, force: bool = False) -> BuildResult:
         log = proc.stdout + proc.stderr
         if proc.returncode != 0:
             tail = "\n".join(log.strip().splitlines()[-25:])
-            raise BuildError(f"compiling {SOURCE} for {spec.label()} failed ({tool.path}):\n{tail}")
+            raise BuildError(f"compiling {spec.source} for {spec.label()} failed ({tool.path}):\n{tail}")
         meta = {"command": cmd, "compiler": f"{tool.path} ({tool.version}, from {tool.found_in})",
                 "log": log, "seconds": seconds}
         (tmp / "build.json").write_text(json.dumps(meta, indent=1))
@@ -366,10 +391,88 @@ def _result(spec: BuildSpec, directory: Path, meta: dict, cached: bool) -> Build
                        seconds=float(meta.get("seconds", 0.0)), cached=cached)
 
 
-def build_many(specs: Iterable[BuildSpec], jobs: int | None = None, force: bool = False) -> dict[BuildSpec, BuildResult]:
-    """Build several specs in parallel (each nvcc is mostly single-threaded)."""
+@dataclass(frozen=True)
+class BuildEvent:
+    """What `build_many` tells an observer: every spec once as "planned" (with whether
+    the cache holds it), then once as "done" (with the compile time, 0 when reused)."""
+
+    spec: BuildSpec
+    stage: str        # planned | done
+    cached: bool
+    seconds: float = 0.0
+
+
+BuildObserver = Callable[[BuildEvent], None]
+
+#: the observer of the builds requested in this context: builds are asked for from several
+#: places (configured variants, the register-cap choice, sweeps, SASS analysis), and a
+#: caller that shows progress sees all of them without threading a callback through each
+_OBSERVER: contextvars.ContextVar[BuildObserver | None] = contextvars.ContextVar("build_observer", default=None)
+
+
+@contextlib.contextmanager
+def observe_builds(observer: BuildObserver | None) -> Iterator[None]:
+    """Within the block, every `build_many` reports its builds to `observer`."""
+    token = _OBSERVER.set(observer)
+    try:
+        yield
+    finally:
+        _OBSERVER.reset(token)
+
+
+class BuildTally:
+    """A build observer that counts distinct builds, compiled or reused, and passes each
+    new one on: `planned()` when first asked for, `done(label)` when it is ready."""
+
+    def __init__(self, planned: Callable[[], None] | None = None, done: Callable[[str], None] | None = None) -> None:
+        self.planned, self.done = planned, done
+        self.seen: set[BuildSpec] = set()
+        self.finished: set[BuildSpec] = set()
+        self.compiled = 0
+        self.reused = 0
+
+    def __call__(self, ev: BuildEvent) -> None:
+        if ev.stage == "planned" and ev.spec not in self.seen:
+            self.seen.add(ev.spec)
+            if self.planned:
+                self.planned()
+        elif ev.stage == "done" and ev.spec not in self.finished:
+            self.finished.add(ev.spec)
+            if ev.cached:
+                self.reused += 1
+            else:
+                self.compiled += 1
+            if self.done:
+                self.done(f"{ev.spec.label()}: " + ("cached" if ev.cached else f"compiled in {ev.seconds:.0f} s"))
+
+    @classmethod
+    def advancing(cls, task: Any) -> "BuildTally":
+        """A tally that advances a progress task (anything with `advance(n, item=...)`)
+        once per distinct build. It sets no total: the register-cap choice asks for builds
+        only once the uncapped ones are read, so a total known early would be too small."""
+        return cls(done=lambda item: task.advance(1, item=item))
+
+    def summary(self) -> str:
+        return (f"{self.compiled + self.reused} build(s): {self.compiled} compiled, {self.reused} reused from the "
+                "cache")
+
+
+def build_many(specs: Iterable[BuildSpec], jobs: int | None = None, force: bool = False,
+               observer: BuildObserver | None = None) -> dict[BuildSpec, BuildResult]:
+    """Build several specs in parallel (each nvcc is mostly single-threaded), telling
+    `observer` (or the one of `observe_builds`) what is compiled and what reused."""
     unique = list(dict.fromkeys(specs))
+    tell = observer or _OBSERVER.get()
+    if tell is not None:
+        for s in unique:
+            tell(BuildEvent(s, "planned", not force and is_cached(s)))
     workers = max(1, min(len(unique), jobs or os.cpu_count() or 1))
+    results: dict[BuildSpec, BuildResult] = {}
     with ThreadPoolExecutor(workers) as pool:
-        results = list(pool.map(lambda s: build(s, force=force), unique))
-    return dict(zip(unique, results))
+        futures = {pool.submit(build, s, force=force): s for s in unique}
+        for f in as_completed(futures):
+            r = f.result()
+            results[futures[f]] = r
+            if tell is not None:
+                tell(BuildEvent(r.spec, "done", r.cached, 0.0 if r.cached else r.seconds))
+    return {s: results[s] for s in unique}

@@ -7,23 +7,31 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from characterize.config import WorkloadConfig, check_memory
 from characterize.errors import ConfigError, WorkloadError
 from characterize.workloads.presets import Hotness, parse_dataset
-from characterize.workloads.traces import generate_stream, generation_bytes, load_dataset, load_trace, sampling_bytes
+from characterize.workloads.traces import (
+    generate_stream,
+    generation_bytes,
+    load_dataset,
+    load_trace,
+    read_table,
+    sampling_bytes,
+)
 
 
 # ----------------------------------------------------------------- statistics
-def _reuse_distances_py(idx: np.ndarray, rows: int) -> np.ndarray:
+def _reuse_distances_py(idx: np.ndarray, last: np.ndarray, tree: np.ndarray, out: np.ndarray,
+                        start: int, stop: int) -> None:
+    """Reuse distances of lookups start..stop-1 into `out`, continuing the state
+    (`last` use per row, Fenwick `tree` of live markers) of the lookups before them:
+    the stream can be walked in chunks, with progress between them."""
     n = len(idx)
-    last = np.full(rows, -1, dtype=np.int64)
-    tree = np.zeros(n + 1, dtype=np.int64)
-    out = np.empty(n, dtype=np.int64)
-    for t in range(n):
+    for t in range(start, stop):
         r = idx[t]
         p = last[r]
         if p >= 0:
@@ -49,7 +57,6 @@ def _reuse_distances_py(idx: np.ndarray, rows: int) -> np.ndarray:
             tree[i] += 1
             i += i & -i
         last[r] = t
-    return out
 
 
 @lru_cache(maxsize=1)
@@ -71,10 +78,15 @@ def stats_bytes(lookups: int) -> int:
     return STATS_BYTES_PER_LOOKUP * lookups + 8 * 1024
 
 
-def reuse_distances(indices: np.ndarray) -> np.ndarray:
+#: lookups walked between two progress reports of `reuse_distances` (~0.3 s each)
+REUSE_CHUNK = 1 << 21
+
+
+def reuse_distances(indices: np.ndarray, progress: Callable[[int, int], None] | None = None) -> np.ndarray:
     """For each lookup, the number of distinct other rows read since the previous read of
     the same row (-1 on a first read). An LRU cache of C rows hits iff distance < C.
-    O(N log N) with a Fenwick tree over 'last use' markers."""
+    O(N log N) with a Fenwick tree over 'last use' markers; `progress(done, total)` is
+    called after each chunk of REUSE_CHUNK lookups (big traces take seconds)."""
     idx = np.asarray(indices)
     if idx.ndim != 1:
         raise WorkloadError(f"reuse distances need a flat stream of lookups, got an array of shape {idx.shape}")
@@ -90,7 +102,17 @@ def reuse_distances(indices: np.ndarray) -> np.ndarray:
     if idx.max() >= 4 * idx.size + 1024:  # sparse ids: compact them first
         _, idx = np.unique(idx, return_inverse=True)
         idx = idx.astype(np.int64)
-    return _reuse_kernel()(idx, int(idx.max()) + 1)
+    n = idx.size
+    last = np.full(int(idx.max()) + 1, -1, dtype=np.int64)
+    tree = np.zeros(n + 1, dtype=np.int64)
+    out = np.empty(n, dtype=np.int64)
+    kernel = _reuse_kernel()
+    for start in range(0, n, REUSE_CHUNK):
+        stop = min(n, start + REUSE_CHUNK)
+        kernel(idx, last, tree, out, start, stop)
+        if progress is not None:
+            progress(stop, n)
+    return out
 
 
 #: the paper's hot-row count K: 60K rows of 512 B (~29 MiB) is about an A100's persisting-L2 budget
@@ -150,13 +172,15 @@ def top_k_coverage(indices: np.ndarray, ks: Sequence[int]) -> dict[int, float]:
 
 
 def locality_stats(indices: np.ndarray, rows: int | None = None, row_bytes: int = 512,
-                   top_k: Sequence[int] = (PAPER_HOT_ROWS,), distances: np.ndarray | None = None) -> LocalityStats:
-    """Statistics of one table's lookups (pass precomputed `distances` to reuse them)."""
+                   top_k: Sequence[int] = (PAPER_HOT_ROWS,), distances: np.ndarray | None = None,
+                   progress: Callable[[int, int], None] | None = None) -> LocalityStats:
+    """Statistics of one table's lookups (pass precomputed `distances` to reuse them;
+    `progress(done, total)` follows the reuse distances, see `reuse_distances`)."""
     ks = _check_ks(top_k)
     idx = np.asarray(indices)
     if idx.size == 0:
         raise WorkloadError("no lookups to analyze")
-    d = reuse_distances(idx) if distances is None else distances
+    d = reuse_distances(idx, progress) if distances is None else distances
     idx = idx.astype(np.int64, copy=False)
     unique = int(np.count_nonzero(d < 0))
     reused = d[d >= 0]
@@ -204,20 +228,30 @@ def check_dataset(spec: str, config: WorkloadConfig) -> None:
 
 @dataclass(frozen=True)
 class SourceLocality:
-    """Locality of one table of a preset or trace file, with the table size it was read at."""
+    """Locality of one table of a preset or trace file, with the table size it was read at
+    and which view of it: "file" (the file's own lookups), "consumed" (what the bench
+    reads: batches of B bags, streams read circularly) or "generated" (a preset)."""
 
     source: str
     table: int
     rows: int
     row_bytes: int
     stats: LocalityStats
+    view: str = "generated"
+    file_lookups: int | None = None   # lookups the table holds in the file (trace files)
+    tables_in_file: int | None = None
 
 
 def source_locality(source: str, config: WorkloadConfig, *, rows: int | None = None, lookups: int | None = None,
-                    table: int = 0, top_k: Sequence[int] = ()) -> SourceLocality:
-    """Locality of `source`: a preset (its generated dataset, or a stream of exactly
-    `lookups`) or a trace file (E inferred unless `rows` is given). K defaults to the
-    paper's; callers add more (rows fitting an L2, say) through `top_k`."""
+                    table: int = 0, top_k: Sequence[int] = (), as_consumed: bool = False,
+                    progress: Callable[[int, int], None] | None = None) -> SourceLocality:
+    """Locality of `source`. A preset: its generated dataset, or a stream of exactly
+    `lookups`. A trace file: the table as the file holds it (its first `lookups` when
+    given; more than it holds is refused), or with `as_consumed` what the bench reads
+    of it for `config` (batches x B x L, the file read circularly; `lookups` then takes
+    the first of those). E is inferred unless `rows` is given. K defaults to the
+    paper's; callers add more (rows fitting an L2, say) through `top_k`. `progress(done,
+    total)` follows the reuse distances."""
     parsed = parse_dataset(source)
     ks = _check_ks([*top_k, PAPER_HOT_ROWS])
     if lookups is not None and lookups < 1:
@@ -235,9 +269,28 @@ def source_locality(source: str, config: WorkloadConfig, *, rows: int | None = N
             indices = generate_stream(parsed, E, lookups, seed=config.seed, table=table)
         else:
             indices = load_dataset(source, config, tables=[table]).tables[0].indices
-    else:
-        ds = load_trace(parsed, config, rows=rows)
-        if not 0 <= table < len(ds.tables):
-            raise ConfigError(f"table {table} not in {source} ({len(ds.tables)} tables)")
-        E, indices = ds.rows, ds.tables[table].indices
-    return SourceLocality(source, table, E, config.row_bytes, locality_stats(indices, E, config.row_bytes, ks))
+        return SourceLocality(source, table, E, config.row_bytes,
+                              locality_stats(indices, E, config.row_bytes, ks, progress=progress))
+    if not as_consumed:
+        ft = read_table(parsed, table, rows=rows, lookups=lookups)
+        return SourceLocality(source, table, ft.rows, config.row_bytes,
+                              locality_stats(ft.indices, ft.rows, config.row_bytes, ks, progress=progress), "file",
+                              ft.file_lookups,
+                              ft.tables)
+    if table >= config.T:
+        raise ConfigError(f"table {table} is not among the experiment's T={config.T} tables")
+    ds = load_trace(parsed, config, rows=rows, tables=table + 1)
+    if table >= len(ds.tables):   # a bagged file holds fewer tables than asked for
+        raise ConfigError(f"table {table} not in {source} ({len(ds.tables)} tables)")
+    indices = ds.tables[table].indices
+    if lookups is not None:
+        if lookups > len(indices):
+            raise ConfigError(f"the bench reads {len(indices):,} lookups of table {table} of {source} "
+                              f"({config.batches} batches x B={config.B} x L={config.L}); --lookups "
+                              f"{lookups:,} asks for more: raise --batches, --B or --L instead")
+        indices = indices[:lookups]
+    lengths = ds.meta.get("stream_lengths")
+    held = lengths[table % len(lengths)] if lengths else None
+    return SourceLocality(source, table, ds.rows, config.row_bytes,
+                          locality_stats(indices, ds.rows, config.row_bytes, ks, progress=progress), "consumed", held,
+                          ds.meta.get("tables_in_file", len(lengths) if lengths else None))

@@ -417,7 +417,9 @@ def _npz_bytes(p: Path) -> int:
     return total
 
 
-def _load_npz(p: Path, config: WorkloadConfig, rows: int | None, T: int) -> Dataset:
+def _npz_contents(p: Path) -> tuple[list[tuple[np.ndarray, np.ndarray, int]] | None, list[np.ndarray]]:
+    """An .npz trace as bagged tables (indices, offsets, first position) or, failing
+    that layout, as one flat array per table (sorted by name)."""
     check_memory(3 * _npz_bytes(p), f"loading {p.name}", "use a smaller trace, or split it into one array per table")
     with np.load(p, allow_pickle=False) as z:
         keys = list(z.keys())
@@ -433,16 +435,23 @@ def _load_npz(p: Path, config: WorkloadConfig, rows: int | None, T: int) -> Data
             if len(offs) > 0 and offs.ndim == 1 and offs[-1] < len(idx):
                 offs = np.concatenate([offs, [len(idx)]])
             ntab = len(z["lengths"]) if "lengths" in keys and z["lengths"].ndim == 2 else 1
-            parts = _split_bagged(idx, offs, ntab, p)
-            return _bagged_to_dataset(parts[:T], p, config, rows)
+            return _split_bagged(idx, offs, ntab, p), []
         arrays = [_as_int_array(z[k], p, k).reshape(-1) for k in sorted(keys)]
     if not arrays:
         raise WorkloadError(f"{p}: the archive holds no arrays")
+    return None, arrays
+
+
+def _load_npz(p: Path, config: WorkloadConfig, rows: int | None, T: int) -> Dataset:
+    parts, arrays = _npz_contents(p)
+    if parts is not None:
+        return _bagged_to_dataset(parts[:T], p, config, rows)
     streams = [(len(a), lambda a=a: iter([a])) for a in arrays]
     return _streams_to_dataset(streams, p, config, rows, T)
 
 
-def _load_pt(p: Path, config: WorkloadConfig, rows: int | None, T: int) -> Dataset:
+def _pt_parts(p: Path) -> list[tuple[np.ndarray, np.ndarray, int]]:
+    """The tables of a dlrm_datasets .pt file: (indices, offsets, first position) each."""
     import torch
 
     check_memory(3 * p.stat().st_size, f"loading {p.name}", "use a smaller trace")
@@ -465,8 +474,25 @@ def _load_pt(p: Path, config: WorkloadConfig, rows: int | None, T: int) -> Datas
     ntab = 1
     if len(obj) > 2 and obj[2] is not None and getattr(obj[2], "ndim", 1) == 2:
         ntab = int(obj[2].shape[0])
-    parts = _split_bagged(idx, offs, ntab, p)
+    return _split_bagged(idx, offs, ntab, p)
+
+
+def _load_pt(p: Path, config: WorkloadConfig, rows: int | None, T: int) -> Dataset:
+    parts = _pt_parts(p)
     return _bagged_to_dataset(parts[: min(T, len(parts))], p, config, rows)
+
+
+def _table_streams(p: Path) -> list[tuple[int | None, Callable[[], Iterator[np.ndarray]]]]:
+    """(length, chunk reader) of each table of a trace file, in the file's order."""
+    suffix = p.suffix.lower()
+    if suffix == ".npz":
+        parts, arrays = _npz_contents(p)
+        arrays = [idx for idx, _, _ in parts] if parts is not None else arrays
+    elif suffix in (".pt", ".pth"):
+        arrays = [idx for idx, _, _ in _pt_parts(p)]
+    else:
+        return _file_streams(p)
+    return [(len(a), lambda a=a: iter([a])) for a in arrays]
 
 
 def load_trace(path: str | Path, config: WorkloadConfig | None = None, rows: int | None = None,
@@ -497,6 +523,60 @@ def load_trace(path: str | Path, config: WorkloadConfig | None = None, rows: int
         first = (str(e).strip().splitlines() or [""])[0][:200]
         raise WorkloadError(f"{p}: cannot read the trace ({type(e).__name__}: {first}); the file is damaged, "
                             "truncated or not in a supported format") from None
+
+
+@dataclass
+class FileTable:
+    """One table's lookups as a trace file holds them: no batching, no circular reading."""
+
+    indices: np.ndarray   # int64: the table's first `lookups` indices (all of them by default)
+    rows: int             # E: given, or the largest index of the table + 1
+    file_lookups: int     # lookups the table holds in the file
+    tables: int           # tables in the file (a flat stream is one)
+
+
+def read_table(path: str | Path, table: int = 0, rows: int | None = None, lookups: int | None = None) -> FileTable:
+    """Table `table` of a trace file as the file holds it: its own lookups, in order,
+    the first `lookups` of them when given (more than the table holds is refused). Flat
+    streams (.txt, 1-D .npy) are one table, read in chunks: only `lookups` are kept, but
+    the whole stream is range-checked and counted. What the bench reads (batches of B
+    bags, streams read circularly) is `load_trace`."""
+    p = Path(path)
+    if not p.is_file():
+        where = "" if p.is_absolute() else f" (relative to {Path.cwd()})"
+        raise WorkloadError(f"{p}: no such trace file{where}; check the path")
+    if table < 0:
+        raise ConfigError(f"table must be 0 or more, got {table}")
+    if lookups is not None and lookups < 1:
+        raise ConfigError(f"lookups must be a positive number, got {lookups}")
+    try:
+        streams = _table_streams(p)
+        if table >= len(streams):
+            one = " (one stream of lookups)" if len(streams) == 1 else ""
+            raise ConfigError(f"{p}: table {table} is not in the file, which holds {len(streams)} table(s){one}; "
+                              "--as-consumed reads a stream as the bench does, each table continuing where the "
+                              "previous one stopped")
+        length, read = streams[table]
+        if lookups is None:  # the whole table; a text line holds at least 2 bytes, so at most size/2 lookups
+            n = length if length is not None else p.stat().st_size // 2
+            check_memory(8 * n, f"reading table {table} of {p.name} ({n:,} lookups)",
+                         "analyze the first N lookups (--lookups N)")
+        keep = lookups if lookups is not None else (length if length is not None else 1 << 62)
+        scan = _scan(read(), keep, rows, p, table)
+    except CharacterizeError:
+        raise
+    except MemoryError:
+        raise MemoryBudgetError(f"{p}: ran out of memory while loading; lower the memory budget's share or "
+                                "use a smaller trace") from None
+    except Exception as e:  # noqa: BLE001 - numpy, zipfile and zlib raise assorted types on damaged files
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        raise WorkloadError(f"{p}: cannot read the trace ({type(e).__name__}: {first}); the file is damaged, "
+                            "truncated or not in a supported format") from None
+    if lookups is not None and lookups > scan.length:
+        raise ConfigError(f"{p}: table {table} holds {scan.length:,} lookups; --lookups {lookups:,} asks for more. "
+                          f"Ask for at most {scan.length:,}, or pass --as-consumed to read the file circularly "
+                          "as the bench does")
+    return FileTable(scan.head, rows if rows is not None else scan.largest + 1, scan.length, len(streams))
 
 
 def load_dataset(spec: str, config: WorkloadConfig, tables: Iterable[int] | None = None) -> Dataset:

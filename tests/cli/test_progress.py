@@ -1,0 +1,287 @@
+"""Progress and terminal output: bars on a terminal only, one line per step otherwise,
+honest build-cache counts, and tables that format percentages and integers."""
+
+import math
+import os
+import pty
+import re
+import select
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from characterize.cli import main
+from characterize.cli.base import TerminalReporter, format_table
+from characterize.kernels.build import BuildSpec, BuildTally, build_many
+from characterize.pipeline import Lines, Quiet, as_reporter
+
+ROOT = Path(__file__).resolve().parents[2]
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+#: a reporter with one step of three units, as the pipeline drives it
+SCRIPT = textwrap.dedent("""
+    import time
+    from characterize.cli.base import TerminalReporter
+    with TerminalReporter() as rep:
+        rep.message("starting")
+        with rep.task("compile", unit="builds") as t:
+            for i in range(3):
+                t.grow(1)
+            for i in range(3):
+                time.sleep(0.15)
+                t.advance(1, item=f"build {i}")
+            t.finish("3 build(s): 2 compiled, 1 reused from the cache")
+""")
+
+
+def _in_pty(code: str) -> str:
+    """Run `code` with stdout and stderr on a pseudo-terminal; everything it wrote."""
+    leader, follower = pty.openpty()
+    env = dict(os.environ, TERM="xterm", COLUMNS="100")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=follower, stdout=follower, stderr=follower,
+                            cwd=ROOT, env=env, close_fds=True)
+    os.close(follower)
+    out = b""
+    while True:
+        ready, _, _ = select.select([leader], [], [], 30)
+        if not ready:
+            break
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        out += chunk
+    proc.wait(timeout=30)
+    os.close(leader)
+    assert proc.returncode == 0, out.decode(errors="replace")
+    return out.decode(errors="replace")
+
+
+def test_a_terminal_gets_a_bar_then_the_step_line():
+    out = _in_pty(SCRIPT)
+    assert "━" in out and ANSI.search(out)                      # a bar was drawn
+    assert re.search(r"[0-3]/3 builds", out) and "build 1" in out  # with counts and the current item
+    plain = ANSI.sub("", out)
+    assert re.search(r"compile: 3 build\(s\): 2 compiled, 1 reused from the cache \(\d+\.\d s\)", plain)
+    assert "starting" in plain
+
+
+def test_without_a_terminal_one_plain_line_per_step():
+    proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, cwd=ROOT,
+                          env=dict(os.environ, TERM="xterm"))
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert lines[0] == "  starting"
+    assert re.fullmatch(r"  compile: 3 build\(s\): 2 compiled, 1 reused from the cache \(\d+\.\d s\)", lines[1])
+    assert len(lines) == 2 and not ANSI.search(proc.stderr) and "━" not in proc.stderr and proc.stdout == ""
+
+
+def test_a_long_step_without_a_terminal_says_where_it_is_now_and_then(capsys, monkeypatch):
+    from characterize.cli import base
+
+    monkeypatch.setattr(base._PlainTask, "PLAIN_EVERY_S", 0.0)
+    with TerminalReporter(bars=False) as rep, rep.task("compile", unit="builds") as t:
+        t.grow(2)
+        t.advance(1, item="sm_80: compiled in 21 s")
+        t.advance(0, item="only a new item")   # nothing finished: nothing said
+        t.advance(1)
+        t.finish("2 build(s): 2 compiled, 0 reused from the cache")
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[:2] == ["  compile: 1/2 builds (sm_80: compiled in 21 s) ...", "  compile: 2/2 builds ..."]
+    assert len(lines) == 3 and lines[2].startswith("  compile: 2 build(s): 2 compiled")
+    monkeypatch.setattr(base._PlainTask, "PLAIN_EVERY_S", 3600.0)
+    with TerminalReporter(bars=False) as rep, rep.task("quick", 5) as t:
+        t.advance(5)
+    assert len(capsys.readouterr().err.splitlines()) == 1
+
+
+def test_clirunner_is_not_a_terminal_and_json_stays_clean(tmp_path):
+    trace = tmp_path / "t.txt"
+    trace.write_text("\n".join(str(i % 7) for i in range(50)) + "\n")
+    r = CliRunner().invoke(main, ["workload", "stats", str(trace), "--json"])
+    assert r.exit_code == 0, r.output
+    assert r.output.lstrip().startswith("{") and not ANSI.search(r.output) and "━" not in r.output
+
+
+def test_reporter_quiet_and_summaries_off(capsys):
+    with TerminalReporter(quiet=True) as rep, rep.task("x", 2) as t:
+        t.advance(2)
+        t.finish("two")
+    rep.message("not shown")
+    with TerminalReporter(summaries=False, bars=False) as rep, rep.task("y") as t:
+        t.finish("one")
+    assert capsys.readouterr().err == ""
+
+
+def test_library_reporters_take_callbacks_or_nothing():
+    said = []
+    rep = as_reporter(said.append)
+    assert isinstance(rep, Lines) and isinstance(as_reporter(None), Quiet)
+    with rep.task("locality", total=2) as t:
+        t.advance(2)
+        t.finish("2 dataset(s) analyzed")
+    rep.message("report written")
+    assert re.fullmatch(r"locality: 2 dataset\(s\) analyzed \(\d+\.\d s\)", said[0]) and said[1] == "report written"
+    with Quiet().task("anything") as t:  # the default says nothing and accepts everything
+        t.grow(3)
+        t.advance(1, item="a")
+        t.finish("b")
+
+
+def _tiny_kernels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kernel directory whose 'family' compiles for the host in a fraction of a second,
+    and an empty build cache: the real build and cache code, without nvcc's minutes."""
+    src = tmp_path / "kernels"
+    src.mkdir()
+    (src / "embedding_bag.cu").write_text('extern "C" int chz_probe(void) { return 7; }\n')
+    monkeypatch.setenv("CHARACTERIZE_KERNELS", str(src))
+    monkeypatch.setenv("CHARACTERIZE_CACHE", str(tmp_path / "cache"))
+
+
+def test_build_counts_say_compiled_on_a_cold_cache_and_reused_on_a_warm_one(tmp_path, monkeypatch):
+    _tiny_kernels(tmp_path, monkeypatch)
+    specs = [BuildSpec("emulate", dtype="fp32"), BuildSpec("emulate", dtype="fp16")]
+    events = []
+    cold = BuildTally()
+    build_many(specs + specs[:1], observer=lambda e: (events.append(e), cold(e)))
+    assert [(e.stage, e.cached) for e in events if e.stage == "planned"] == [("planned", False)] * 2
+    assert sorted(e.spec.dtype for e in events if e.stage == "done") == ["fp16", "fp32"]
+    assert all(e.seconds > 0 for e in events if e.stage == "done")
+    assert (cold.compiled, cold.reused) == (2, 0)
+    assert cold.summary() == "2 build(s): 2 compiled, 0 reused from the cache"
+    warm = BuildTally()
+    build_many(specs, observer=warm)
+    build_many(specs[:1], observer=warm)   # asked for again by another caller: counted once
+    assert (warm.compiled, warm.reused) == (0, 2)
+    assert warm.summary() == "2 build(s): 0 compiled, 2 reused from the cache"
+
+
+def test_a_step_task_follows_every_build(tmp_path, monkeypatch):
+    _tiny_kernels(tmp_path, monkeypatch)
+
+    class Recorder:
+        def __init__(self):
+            self.total, self.done, self.items = 0, 0, []
+
+        def grow(self, n=1):
+            self.total += n
+
+        def advance(self, n=1, item=""):
+            self.done += n
+            self.items.append(item)
+
+        def finish(self, summary):
+            self.summary = summary
+
+    task = Recorder()
+    tally = BuildTally.advancing(task)
+    build_many([BuildSpec("emulate", dtype="bf16")], observer=tally)
+    build_many([BuildSpec("emulate", dtype="bf16"), BuildSpec("emulate", dtype="int8")], observer=tally)
+    assert (task.total, task.done) == (0, 2)   # counted as they come; no total is promised
+    assert any("compiled in" in i for i in task.items) and tally.summary().startswith("2 build(s): 2 compiled")
+
+
+# ------------------------------------------------------------------ tables
+def _cells(lines: list[str]) -> list[list[str]]:
+    return [ln.split() for ln in lines[2:]]
+
+
+def test_tables_format_percentages_integers_and_decimals_per_column():
+    rows = [{"variant": "base", "registers": 54.0, "occupancy_pct": 50.0, "speedup": 1.0, "GBps": 0.01391,
+             "lookups": 307200, "hit": 0.881, "note": None},
+            {"variant": "warp", "registers": 64.0, "occupancy_pct": 37.5, "speedup": 0.38313, "GBps": 0.005329,
+             "lookups": 1234567, "hit": math.nan, "note": "x"}]
+    lines = format_table(rows, fractions=["hit"])
+    assert _cells(lines) == [["base", "54", "50.0%", "1.000", "0.01391", "307,200", "88.1%"],
+                             ["warp", "64", "37.5%", "0.383", "0.00533", "1,234,567", "x"]]
+    widths = {len(ln) for ln in lines[2:]}
+    assert len(lines[0]) >= max(widths)
+    # numbers are right-aligned: their last characters share a column
+    end = lines[0].index("lookups") + len("lookups")
+    assert lines[2][:end].endswith("307,200") and lines[3][:end].endswith("1,234,567")
+
+
+def test_tables_handle_text_bools_blanks_and_nothing():
+    assert format_table([]) == ["(nothing)"]
+    lines = format_table([{"a": True, "b": "", "c": None}, {"a": False, "b": "y", "c": math.nan}])
+    assert lines[2].split() == ["True"] and lines[3].split() == ["False", "y"]
+    big = format_table([{"t": 12345.678}, {"t": 2500.25}])
+    assert _cells(big) == [["12,346"], ["2,500"]]
+    # an error beside a failure is not rounded to 0.000
+    err = format_table([{"max_abs_err": 3.869}, {"max_abs_err": 2.708e-06}, {"max_abs_err": 0.0}])
+    assert _cells(err) == [["3.869"], ["2.708e-06"], ["0"]]
+
+
+# ------------------------------------------------------------ pipeline steps
+class _Recorder:
+    """A Reporter that keeps every task's title, total, progress and summary."""
+
+    def __init__(self):
+        self.tasks, self.messages = [], []
+
+    def message(self, text):
+        self.messages.append(text)
+
+    def task(self, title, total=None, unit=""):
+        import contextlib
+
+        rec = {"title": title, "total": total, "done": 0, "items": [], "summary": None}
+        self.tasks.append(rec)
+
+        class T:
+            def grow(self, n=1):
+                rec["total"] = (rec["total"] or 0) + n
+
+            def advance(self, n=1, item=""):
+                rec["done"] += n
+                rec["items"].append(item)
+
+            def finish(self, summary):
+                rec["summary"] = summary
+
+        @contextlib.contextmanager
+        def cm():
+            yield T()
+
+        return cm()
+
+
+def test_the_locality_step_counts_datasets_and_failures(tmp_path):
+    from characterize import pipeline
+    from characterize.errors import WorkloadError
+    from tests.conftest import write_experiment
+
+    bad = tmp_path / "bad.txt"
+    bad.write_text("3\nthree\n")
+    exp = pipeline.load_experiment(str(write_experiment(tmp_path, datasets=("medium", str(bad), "random"))))
+    run = pipeline.open_experiment_run(exp, tmp_path / "run", "bench", False, None)
+    rec = _Recorder()
+    with pytest.raises(WorkloadError, match="line 2"):
+        pipeline.locality_step(run, exp, rec)
+    (task,) = rec.tasks
+    assert task["title"] == "locality" and task["total"] == 3 and task["done"] == 3
+    assert task["summary"] == "2 dataset(s) analyzed, 1 failed"
+    assert any(i.startswith("medium: ") and "unique of" in i for i in task["items"])
+
+
+def test_predictions_advance_once_per_dataset(monkeypatch):
+    import pandas as pd
+
+    from characterize import pipeline
+
+    exp = pipeline.load_experiment("quick")
+    rows = [{"variant": v, "arch": "sm_80", "role": "lookup", "sweep": False, "blocks_per_sm": 4, "registers": 54,
+             "latencies_per_iteration": 4.8, "lookups_per_iteration": 4, "rows_in_flight": 0.83,
+             "instructions_per_lookup": 32.0} for v in ("base", *exp.variants)]
+    code = pipeline.CodeFacts(exp.workload.D, pd.DataFrame(rows), pd.DataFrame(rows))
+    rec = _Recorder()
+    df = pipeline.predict(exp, ["sm_80"], code=code, progress=rec)
+    (task,) = rec.tasks
+    assert task["total"] == len(exp.datasets) == task["done"]
+    assert task["summary"] == f"{len(df)} point(s) predicted"
