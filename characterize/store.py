@@ -420,6 +420,9 @@ class Run:
             df["dataset"] = df["dataset"].replace("", pd.NA).fillna(pt["dataset"])
             df["cache_control"] = pt.get("cache_control", "")
             df["clock_control"] = pt.get("clock_control", "")
+            df["replay_mode"] = pt.get("replay_modes", {}).get("default", pt.get("replay_mode", ""))
+            if pt.get("cache_report"):
+                df = _with_cache_counters(df, self.path / pt["cache_report"], pt.get("replay_modes", {}), self.name)
             frames.append(df)
         return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
@@ -437,6 +440,31 @@ class Run:
         return {"path": str(self.path), "name": self.name, "gpu": self.gpu,
                 "bench_points": len(self.points("bench")), "profile_points": len(self.points("profile")),
                 "static_rows": len(self.static), "datasets": list(self.locality_raw)}
+
+
+def _with_cache_counters(df: pd.DataFrame, path: Path, modes: dict[str, str], run: str) -> pd.DataFrame:
+    """A point's metrics with its cache counters taken from the separate collection
+    that replay did not warm (measure.ncu.CACHE_METRICS, application replay), kernels
+    matched by launch order; `replay_mode` says which collection each value is from.
+    An unreadable cache report leaves the kernel-replay values, labelled as such."""
+    try:
+        cache = read_report(path, run=run, allow_partial=True)
+    except CharacterizeError:
+        return df
+    wanted = {m: mode for m, mode in modes.items() if m != "default"}
+    cache = cache[cache["metric"].isin(list(wanted))]
+    if cache.empty or df.empty:
+        return df
+    ids = list(pd.unique(df["kernel_id"]))
+    cache_pos = {k: i for i, k in enumerate(pd.unique(cache["kernel_id"]))}
+    cache = cache[cache["kernel_id"].map(cache_pos) < len(ids)].copy()
+    cache["kernel_id"] = [ids[cache_pos[k]] for k in cache["kernel_id"]]
+    first = df.drop_duplicates("kernel_id").set_index("kernel_id")
+    kept = df[~df.set_index(["kernel_id", "metric"]).index.isin(cache.set_index(["kernel_id", "metric"]).index)]
+    rows = first.loc[cache["kernel_id"]].reset_index()
+    rows["metric"], rows["unit"], rows["value"] = cache["metric"].values, cache["unit"].values, cache["value"].values
+    rows["replay_mode"] = [wanted[m] for m in cache["metric"]]
+    return pd.concat([kept, rows[df.columns]], ignore_index=True)
 
 
 def load_run(path: str | Path) -> Run:

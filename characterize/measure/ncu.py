@@ -42,6 +42,10 @@ __all__ = [
     "nvtx_push_pop_filter",
     "build_argv",
     "run_ncu",
+    "CACHE_METRICS",
+    "CACHE_REPLAY_MODE",
+    "cache_argv",
+    "replay_modes",
 ]
 
 # ---------------------------------------------------------------------------
@@ -89,6 +93,20 @@ _DEFAULT_METRICS: tuple[str, ...] = (
     "sm__throughput.avg.pct_of_peak_sustained_elapsed",
 )
 
+#: Cache counters that kernel replay would warm: with --cache-control none each replay
+#: pass of a kernel sees the L2 the previous pass left, and the default set needs many
+#: passes, so L2 hit rate and DRAM bytes would come out optimistic. They are collected
+#: apart, under application replay (the program runs again for every pass, so every
+#: pass sees the cache state the program itself produced before the kernel).
+CACHE_METRICS: tuple[str, ...] = (
+    "lts__t_sector_hit_rate.pct",
+    "lts__t_sectors.sum",
+    "lts__t_bytes.sum",
+    "dram__bytes_read.sum",
+    "dram__bytes_write.sum",
+)
+CACHE_REPLAY_MODE = "application"
+
 METRIC_SETS: Mapping[str, MetricSet] = {
     "default": MetricSet(
         name="default",
@@ -108,6 +126,12 @@ METRIC_SETS: Mapping[str, MetricSet] = {
         ),
         sections=(),
         description="duration, achieved occupancy, L2 hit rate and DRAM bytes only (few replay passes)",
+    ),
+    "cache": MetricSet(
+        name="cache",
+        metrics=CACHE_METRICS,
+        sections=(),
+        description="L2 hit rate, L2 sectors and bytes, DRAM bytes: the counters replay must not warm",
     ),
 }
 
@@ -417,6 +441,50 @@ def build_argv(ncu: Path, options: NcuOptions, export: Path, target: Sequence[st
         argv += ["-k", f"regex:{options.kernel_name}"]
     argv += [str(a) for a in target]
     return argv
+
+
+def cache_argv(argv: Sequence[str], export: Path) -> list[str]:
+    """The cache collection that goes with a point's main ncu command ``argv``: the same
+    ncu, options, scoping (NVTX range or launch order) and target, but only
+    CACHE_METRICS, no sections, under application replay, written to ``export``."""
+    argv = [str(a) for a in argv]
+    if "--replay-mode" not in argv or "--export" not in argv:
+        raise ConfigError("cache_argv needs an ncu command built by build_argv")
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a in ("--section", "--metrics"):  # dropped; the cache metrics are added below
+            i += 2
+            continue
+        if a == "--replay-mode":
+            out += [a, CACHE_REPLAY_MODE]
+            i += 2
+            continue
+        if a == "--export":
+            out += [a, str(export_path(export))]
+            i += 2
+            continue
+        if a == "--nvtx":  # options end with the NVTX switch and its filters
+            out.append(a)
+            i += 1
+            while i < len(argv) and argv[i] == "--nvtx-include":
+                out += argv[i:i + 2]
+                i += 2
+            out += ["--metrics", ",".join(CACHE_METRICS)]
+            continue
+        out.append(a)
+        i += 1
+    return out
+
+
+def replay_modes(options: NcuOptions, *, cache_collected: bool = True) -> dict[str, str]:
+    """The replay mode each metric's value comes from: "default" for every metric of
+    the main collection (its sections included), each CACHE_METRICS entry apart."""
+    modes = {"default": options.replay_mode}
+    for metric in CACHE_METRICS:
+        modes[metric] = CACHE_REPLAY_MODE if cache_collected else options.replay_mode
+    return modes
 
 
 # ---------------------------------------------------------------------------

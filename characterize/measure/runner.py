@@ -28,7 +28,15 @@ from characterize.errors import (
 from characterize.extract.ncu_rep import read_report
 from characterize.hardware import devices
 from characterize.kernels.registry import get_variant
-from characterize.measure.ncu import NcuOptions, build_argv, export_path, ncu_version, run_ncu
+from characterize.measure.ncu import (
+    NcuOptions,
+    build_argv,
+    cache_argv,
+    export_path,
+    ncu_version,
+    replay_modes,
+    run_ncu,
+)
 from characterize.measure.worker import EXIT_CUDA_ERROR, INFLIGHT, PROFILE_RANGE
 from characterize.store import RunDir, RunLock, load_run, point_key
 
@@ -149,6 +157,21 @@ def _launches_per_table(variant: str) -> int:
     return 2 if get_variant(variant).l2 == "prefetch" else 1
 
 
+def _collect_cache(argv: list[str], run: RunDir, key: str, settings: ProfileSettings) -> dict[str, object]:
+    """The point's cache counters under application replay (measure.ncu.cache_argv). A
+    failure keeps the main report: its kernel-replay values stand, recorded as such."""
+    export = export_path(run.path / "ncu" / f"{key}.cache")
+    cmd = cache_argv(argv, export)
+    try:
+        run_ncu(cmd, run.path / "ncu" / f"{key}.cache.log", timeout=settings.timeout_s)
+    except NcuPermissionError:
+        raise
+    except CharacterizeError as e:
+        run.log(f"profile {key}: cache collection failed, kernel-replay cache counters kept: {e}")
+        return {"cache_argv": cmd, "cache_error": str(e)}
+    return {"cache_argv": cmd, "cache_report": str(export.relative_to(run.path))}
+
+
 def profile_points(run: RunDir, exp: ExperimentConfig, points: list[tuple[str, str]], settings: ProfileSettings,
                    progress: Progress = _quiet) -> dict[str, int]:
     """One ncu process per point. A permission error stops the profile (nothing else can
@@ -173,7 +196,8 @@ def profile_points(run: RunDir, exp: ExperimentConfig, points: list[tuple[str, s
                 if getattr(e, "reason", "") != "no_kernels":
                     raise
                 # NVTX scoping matched nothing: scope by launch order instead, once
-                skip = exp.profile.warmup_batches * exp.workload.T * _launches_per_table(v)
+                # the worker's correctness check is its first warm-up batch (one extra batch without warm-up)
+                skip = max(exp.profile.warmup_batches, 1) * exp.workload.T * _launches_per_table(v)
                 opts = ncu_options(exp, sm, fallback=True)
                 argv = build_argv(settings.ncu, opts, export, target)
                 i_k = argv.index("-k")
@@ -182,6 +206,7 @@ def profile_points(run: RunDir, exp: ExperimentConfig, points: list[tuple[str, s
                 scoping = "launch-skip"
                 run_ncu(argv, run.path / "ncu" / f"{key}.log", timeout=settings.timeout_s)
             kernels = read_report(export, run=run.path.name)
+            cache = _collect_cache(argv, run, key, settings)
             n = int(kernels["kernel_id"].nunique()) if not kernels.empty else 0
         except NcuPermissionError as e:
             run.write_point("profile", v, d, {"status": "failed", "error": str(e)})
@@ -189,6 +214,10 @@ def profile_points(run: RunDir, exp: ExperimentConfig, points: list[tuple[str, s
             raise
         except CharacterizeError as e:
             counts["failed"] += 1
+            # the worker's own one-line reason (a failed correctness check, a bad trace) says more than ncu's
+            said = [ln[len("error: "):] for ln in getattr(e, "output", "").splitlines() if ln.startswith("error: ")]
+            if said:
+                e = type(e)(said[-1] + f" (under ncu; full log: {run.path / 'ncu' / (key + '.log')})")
             run.write_point("profile", v, d, {"status": "failed", "error": str(e), "argv": argv})
             run.log(f"profile {v} {d}: failed: {e}")
             progress(f"[{i}/{len(points)}] {v} {d}: FAILED: {str(e).splitlines()[0]}")
@@ -198,7 +227,9 @@ def profile_points(run: RunDir, exp: ExperimentConfig, points: list[tuple[str, s
             "status": "ok", "report": str(export.relative_to(run.path)), "kernels": n, "argv": argv,
             "ncu_version": version, "cache_control": exp.profile.cache_control,
             "clock_control": exp.profile.clock_control, "replay_mode": exp.profile.replay_mode,
-            "metric_set": exp.profile.metric_set, "scoping": scoping, "seconds": time.perf_counter() - start})
+            "metric_set": exp.profile.metric_set, "scoping": scoping, **cache,
+            "replay_modes": replay_modes(ncu_options(exp, sm), cache_collected="cache_report" in cache),
+            "seconds": time.perf_counter() - start})
         msg = f"[{i}/{len(points)}] {v} {d}: {n} kernel(s) profiled in {time.perf_counter() - start:.0f} s"
         run.log(f"profile {msg}")
         progress(msg)

@@ -29,15 +29,19 @@ from typing import Any, Iterator
 import torch
 
 from characterize.config import ExperimentConfig, WorkloadConfig, check_memory, format_bytes
-from characterize.errors import CharacterizeError, KernelLaunchError
-from characterize.hardware import REFERENCE_ARCH, gpu_spec, require_gpu
-from characterize.kernels.library import bind, check_indices
+from characterize.errors import CharacterizeError, CheckMismatch, KernelLaunchError
+from characterize.hardware import REFERENCE_ARCH, gpu_spec, require_gpu, sample_clocks
+from characterize.kernels.check import tolerance
+from characterize.kernels.library import QuantizedTable, TableKernel, as_dtype, bind, check_indices, dequantize
 from characterize.measure.lifeline import EXIT_ORPHANED, die_with_parent, watch_pipe
-from characterize.measure.timing import L2Flusher, time_point
+from characterize.measure.timing import L2Flusher, preallocate, time_point
 from characterize.store import RunDir, load_run, point_key
 from characterize.workloads.traces import load_dataset
 
 PROFILE_RANGE = "chz-profile"
+#: bench never locks clocks: it runs at the GPU's own clocks, sampled by NVML around each
+#: point; profile follows the same policy by default (ProfileConfig.clock_control "none")
+BENCH_CLOCK_CONTROL = "none"
 INFLIGHT = ".inflight"
 EXIT_CUDA_ERROR = 3  # the CUDA context may be poisoned: the supervisor starts a fresh worker
 
@@ -78,13 +82,17 @@ class Session:
     device: torch.device
     tables: list[torch.Tensor]
     gpu: Any  # GpuSpec
+    device_index: int | None = None           # the GPU's index, None on the CPU backend
+    identity: dict[str, str] | None = None    # GpuSpec field -> where its value came from
 
     @classmethod
     def open(cls, exp: ExperimentConfig, backend: str, batches: int | None = None) -> "Session":
         wl = exp.workload if batches is None else exp.workload.replace(batches=batches)
+        index, identity = None, None
         if backend == "cuda":
             info = require_gpu()
             gpu, device = info.spec(), torch.device("cuda", info.index)
+            index, identity = info.index, info.provenance()
         else:
             gpu, device = gpu_spec(exp.archs[0] if exp.archs else REFERENCE_ARCH), torch.device("cpu")
         wl.validate(gpu=gpu if backend == "cuda" else None)
@@ -92,8 +100,8 @@ class Session:
             check_memory(wl.device_bytes() + wl.table_bytes,
                          f"emulating {wl.T} table(s) of {format_bytes(wl.table_bytes)} on the CPU", "lower T, E or D")
         g = torch.Generator(device=device).manual_seed(wl.seed)
-        tables = [torch.rand(wl.E, wl.D, generator=g, device=device) - 0.5 for _ in range(wl.T)]
-        return cls(exp, wl, backend, device, tables, gpu)
+        tables = [as_dtype(torch.rand(wl.E, wl.D, generator=g, device=device) - 0.5, wl.dtype) for _ in range(wl.T)]
+        return cls(exp, wl, backend, device, tables, gpu, index, identity)
 
     def dataset(self, name: str) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
         """batches[b][t] = (indices, offsets) on the device, checked against E."""
@@ -128,19 +136,90 @@ def bytes_per_table(batches: list[list[tuple[torch.Tensor, torch.Tensor]]], row_
     return lookups * row_bytes + lookups * 8 + B * 8 + B * row_bytes
 
 
+def _rows_read(tk: TableKernel, rows: torch.Tensor) -> torch.Tensor:
+    """The values a kernel reads from `rows`, widened to fp32 (int8 rows dequantized)."""
+    if tk.dtype in ("int8", "int8h"):
+        return dequantize(QuantizedTable(tk.weight[rows], tk.dim, tk.dtype))
+    return tk.weight[rows].float()
+
+
+def check_point(kernels: list[TableKernel], mapped: list[list[tuple[torch.Tensor, torch.Tensor]]],
+                variant: str) -> dict[str, Any]:
+    """Check before timing: run the variant (pre-pass + kernel) on the first batch of the
+    point's own data, every table, on the device it will be timed on, and compare with
+    torch.nn.functional.embedding_bag in float64 over the rows the batch reads. Returns
+    {passed, max_abs_err, tolerance, table}: the worst table's numbers."""
+    worst: dict[str, Any] = {"passed": True, "max_abs_err": 0.0, "tolerance": float("inf"), "table": -1}
+    worst_ratio = -1.0
+    outputs = preallocate(kernels, mapped[:1])
+    for t, tk in enumerate(kernels):
+        idx, off = mapped[0][t]
+        tk.prepass()
+        out = tk.launch(idx, off, out=outputs[t])
+        if idx.is_cuda:
+            torch.cuda.synchronize(idx.device)
+        rows, inverse = torch.unique(idx, return_inverse=True)
+        wide = _rows_read(tk, rows).double()
+        ref = torch.nn.functional.embedding_bag(inverse, wide, off, mode=tk.mode)
+        B = int(off.numel())
+        err = float((out.output[:B].double() - ref).abs().max()) if B and idx.numel() else 0.0
+        lengths = torch.diff(torch.cat([off, torch.tensor([idx.numel()], device=off.device)]))
+        tol = tolerance(tk.dtype, variant, int(lengths.max()) if B else 1,
+                        float(wide.abs().max()) if wide.numel() else 0.0)
+        if err / tol > worst_ratio:
+            worst_ratio = err / tol
+            worst = {"passed": err <= tol, "max_abs_err": err, "tolerance": tol, "table": t}
+        if err > tol:
+            break
+    return worst
+
+
+@contextmanager
+def l2_set_aside(kernels: list[TableKernel], enabled: bool) -> Iterator[dict[str, int]]:
+    """l2p/combined: the persisting-L2 set-aside their evict_last pre-pass needs (the
+    CUDA guide gives persisting accesses priority only within it), sized for the largest
+    table's hot rows and capped by the device, then restored with the persisting lines
+    demoted. Yields what was requested and granted ({} when not applicable or disabled)."""
+    first = kernels[0]
+    if (not enabled or first.library is None or first.variant.l2 != "prefetch"
+            or not any(k.hot_rows is not None and len(k.hot_rows) for k in kernels)):
+        yield {}
+        return
+    hot = max(len(k.hot_rows) * k.weight.stride(0) * k.weight.element_size()
+              for k in kernels if k.hot_rows is not None)
+    granted, previous = first.library.l2_set_aside(hot)
+    try:
+        yield {"requested_bytes": int(hot), "granted_bytes": int(granted), "previous_bytes": int(previous)}
+    finally:
+        first.library.l2_set_aside_restore(previous)
+
+
 def bench_point(session: Session, variant: str, dataset: str,
                 batches: list[list[tuple[torch.Tensor, torch.Tensor]]]) -> dict[str, Any]:
     kernels, mapped = session.bind(variant, batches)
     try:
+        check = check_point(kernels, mapped, variant)
+        if not check["passed"]:
+            err = CheckMismatch(f"{variant} does not match torch on {dataset} (table {check['table']}, batch 0): "
+                              f"max |error| {check['max_abs_err']:.3g} > tolerance {check['tolerance']:.3g}; "
+                              "not timed")
+            err.check = check  # type: ignore[attr-defined]
+            raise err
         library = kernels[0].library
         flusher = L2Flusher(session.device, session.gpu.l2_bytes, library) if "cold" in session.exp.bench.modes else None
         eff_bytes = bytes_per_table(batches, session.workload.row_bytes)
+        outputs = preallocate(kernels, mapped)
         summary, reps, per_table = [], [], {}
-        for mode in session.exp.bench.modes:
-            res = time_point(kernels, mapped, mode, session.exp.bench, flusher)
+        clocks = {"before": sample_clocks(session.device_index)}
+        with l2_set_aside(kernels, session.exp.bench.l2_set_aside) as set_aside:
+            timed = [(mode, time_point(kernels, mapped, mode, session.exp.bench, flusher, outputs=outputs,
+                                       max_sm_clock_MHz=session.gpu.boost_clock_MHz))
+                     for mode in session.exp.bench.modes]
+        for mode, res in timed:
             T = res["tables"]
             k, p, w = res["kernel"], res["prepass"], res["with_prepass"]
             per_table_us = k.mean / T
+            tm = res["timing"]
             row = {"mode": mode, "per_batch_us": k.mean, "per_table_us": per_table_us, "ci95_us": k.ci95 / T,
                    "rel_ci": k.rel_ci, "rel_std": k.rel_std, "stable": k.stable, "reps": k.n,
                    "median_per_table_us": k.median / T, "min_per_table_us": k.min / T,
@@ -148,14 +227,21 @@ def bench_point(session: Session, variant: str, dataset: str,
                    "per_table_incl_prepass_us": w.mean / T, "ci95_incl_prepass_us": w.ci95 / T,
                    "bytes_per_table": eff_bytes, "effective_GBps": eff_bytes / per_table_us / 1e3,
                    "hbm_pct": 100 * eff_bytes / per_table_us / 1e3 / session.gpu.hbm_GBps,
+                   "timing_method": tm["method"], "gap_free": tm["gap_free"],
+                   "host_bound_reps": tm["host_bound_reps"],
+                   "host_launch_us": tm["host_enqueue_per_launch_us"],
+                   "launch_gap_us": tm["launch_gap_per_launch_us"], "flush_bytes": tm["flush_bytes"],
                    "seconds": res["seconds"]}
             summary.append(row)
             reps += res["repetitions"]
             per_table[mode] = res["per_table_mean_us"]
+        clocks["after"] = sample_clocks(session.device_index)
         first = kernels[0]
         return {"status": "ok", "backend": session.backend, "gpu": session.gpu.name, "params": first.params,
                 "hot_rows": 0 if first.hot_rows is None else int(len(first.hot_rows)), "window": first.window,
-                "summary": summary, "repetitions": reps, "per_table_mean_us": per_table}
+                "check": check, "clock_control": BENCH_CLOCK_CONTROL, "clocks": clocks, "l2_set_aside": set_aside,
+                "identity": session.identity, "summary": summary, "repetitions": reps,
+                "per_table_mean_us": per_table}
     finally:
         for k in kernels:
             k.close()
@@ -188,7 +274,10 @@ def run_bench(run_dir: Path, points: list[tuple[str, str]], backend: str) -> int
             try:
                 record = bench_point(session, v, dataset, batches)
             except CharacterizeError as e:
-                writer.write_point("bench", v, dataset, {"status": "failed", "error": str(e)})
+                failed = {"status": "failed", "error": str(e)}
+                if getattr(e, "check", None) is not None:
+                    failed["check"] = e.check  # type: ignore[attr-defined]
+                writer.write_point("bench", v, dataset, failed)
                 writer.log(f"bench {v} {dataset}: failed: {e}")
                 print(f"[{done}/{len(points)}] {v} {dataset}: FAILED: {e}", file=sys.stderr, flush=True)
                 if isinstance(e, KernelLaunchError) and backend == "cuda":
@@ -214,18 +303,28 @@ def run_profile_target(run_dir: Path, variant: str, dataset: str, backend: str) 
     batches = session.dataset(dataset)
     kernels, mapped = session.bind(variant, batches)
     try:
-        for b in range(prof.warmup_batches):
-            for t, tk in enumerate(kernels):
-                tk.prepass()
-                tk.launch(*mapped[b][t])
-        last = mapped[prof.warmup_batches]
-        with nvtx_range(PROFILE_RANGE):
-            for t in range(min(prof.tables, len(kernels))):
-                with nvtx_range(nvtx_name(variant, dataset, t)):
-                    kernels[t].prepass()
-                    kernels[t].launch(*last[t])
-        if session.device.type == "cuda":
-            torch.cuda.synchronize()
+        # the check is the first warm-up batch (same launches), so launch order is unchanged
+        check = check_point(kernels, mapped, variant)
+        if not check["passed"]:
+            raise CheckMismatch(f"{variant} does not match torch on {dataset} (table {check['table']}, batch 0): "
+                              f"max |error| {check['max_abs_err']:.3g} > tolerance {check['tolerance']:.3g}; "
+                              "not profiled")
+        with l2_set_aside(kernels, prof.l2_set_aside) as set_aside:
+            for b in range(1, prof.warmup_batches):
+                for t, tk in enumerate(kernels):
+                    tk.prepass()
+                    tk.launch(*mapped[b][t])
+            last = mapped[prof.warmup_batches]
+            with nvtx_range(PROFILE_RANGE):
+                for t in range(min(prof.tables, len(kernels))):
+                    with nvtx_range(nvtx_name(variant, dataset, t)):
+                        kernels[t].prepass()
+                        kernels[t].launch(*last[t])
+            if session.device.type == "cuda":
+                torch.cuda.synchronize()
+        if set_aside:
+            print(f"persisting-L2 set-aside: {set_aside['granted_bytes']} of {set_aside['requested_bytes']} "
+                  "bytes requested", flush=True)
     finally:
         for k in kernels:
             k.close()

@@ -210,6 +210,50 @@ class RunSource:
     def gpu(self) -> dict:
         return self.meta.get("gpu") or {}
 
+    # ------------------------------------------------ measurement methodology
+    @cached_property
+    def clock_policies(self) -> dict[str, list[str]]:
+        """The clock control each stage's finished points ran under ('none': unlocked,
+        sampled by NVML; 'base': locked to base clocks), per stage."""
+        out: dict[str, list[str]] = {}
+        for stage, points in (("bench", self.bench_points), ("profile", self.profile_points)):
+            found = {str(p.get("clock_control") or "not recorded") for p in points if p.get("status") == "ok"}
+            if found:
+                out[stage] = sorted(found)
+        return out
+
+    @property
+    def mixed_clocks(self) -> str | None:
+        """Why bench and profile durations are not comparable in this run, or None."""
+        pol = self.clock_policies
+        every = {c for cs in pol.values() for c in cs}
+        if len(every) <= 1 or (self.emulated and "profile" not in pol):
+            return None
+        return ("mixed clocks: " + "; ".join(f"{stage} at {', '.join(cs)}" for stage, cs in pol.items()) +
+                ": durations measured under different clock controls are not comparable")
+
+    @cached_property
+    def replay_modes(self) -> dict[str, list[str]]:
+        """For each metric with its own replay mode (and 'default' for the rest), the
+        modes the finished profile points took its values from."""
+        out: dict[str, set[str]] = {}
+        for p in self.profile_points:
+            if p.get("status") != "ok":
+                continue
+            modes = p.get("replay_modes") or {"default": p.get("replay_mode") or "not recorded"}
+            for metric, mode in modes.items():
+                out.setdefault(metric, set()).add(str(mode))
+        return {k: sorted(v) for k, v in out.items()}
+
+    @cached_property
+    def identity(self) -> dict[str, str]:
+        """Where the GPU's identity fields came from (device API or spec table), as the
+        first bench point that recorded it says."""
+        for p in self.bench_points:
+            if p.get("identity"):
+                return dict(p["identity"])
+        return {}
+
 
 class ImportSource:
     """An Nsight Compute report or CSV export of any application."""

@@ -279,3 +279,21 @@ def test_the_model_uses_only_the_workloads_dtype_rows():
     assert r16.blocks_per_sm == 1 and r32.blocks_per_sm == 4
     with pytest.raises(ConfigError, match="int8"):
         MP.predict(SMALL.replace(dtype="int8"), ["random"], ["base"], ["sm_80"], static=both, sass=sa)
+
+
+def test_a_pinned_row_hits_with_a_calibratable_probability_not_for_certain():
+    from characterize.analysis.model.constants import BOUNDS, FIT_DEFAULT
+
+    gpu = gpu_spec("a100-80gb")
+    base = ModelConstants.defaults(gpu)
+    assert base.pinned_hit == gpu.pinned_hit_probability < 1.0 and "pinned_hit" in FIT_DEFAULT
+    assert BOUNDS["pinned_hit"][1] == 1.0
+    hits = {}
+    for p in (0.5, base.pinned_hit, 1.0):
+        df = MP.predict(SMALL, ["medium"], ["l2p"], [gpu], static=static(), sass=sass(), params={"l2p": {"K": 300}},
+                        constants=base.replace(pinned_hit=p))
+        hits[p] = float(df["l2_hit_rate_pct"].iloc[0])
+    assert hits[0.5] < hits[base.pinned_hit] < hits[1.0]
+    # a calibration stored before the constant existed still loads, with the default
+    old = {k: v for k, v in base.to_dict().items() if k != "pinned_hit"}
+    assert ModelConstants.from_dict(old).pinned_hit == gpu.pinned_hit_probability

@@ -17,14 +17,17 @@ import pytest
 
 from characterize.errors import ConfigError, NcuError, NcuNotFound, NcuPermissionError
 from characterize.measure.ncu import (
+    CACHE_METRICS,
     METRIC_SETS,
     STALL_REASONS,
     NcuOptions,
     build_argv,
+    cache_argv,
     export_path,
     find_ncu,
     ncu_version,
     nvtx_push_pop_filter,
+    replay_modes,
     run_ncu,
     stall_metric,
 )
@@ -465,3 +468,48 @@ def test_env_is_passed_to_ncu(tmp_path: Path) -> None:
 def test_missing_ncu_executable_raises_not_found(tmp_path: Path) -> None:
     with pytest.raises(NcuNotFound):
         run_ncu([tmp_path / "no-ncu"], tmp_path / "ncu.log")
+
+
+# ---------------------------------------------------------------------------
+# the cache collection (application replay)
+# ---------------------------------------------------------------------------
+
+
+def test_cache_collection_argv_is_exact() -> None:
+    options = NcuOptions(nvtx_include=("chz-profile/",), kernel_name="chz_|EmbeddingBag", sm=90)
+    main_argv = build_argv(NCU, options, Path("runs/r1/ncu/base__medium"), ["python", "-m", "w", "profile"])
+    argv = cache_argv(main_argv, Path("runs/r1/ncu/base__medium.cache"))
+    assert argv == [
+        "/opt/nvidia/nsight-compute/2025.3.1/ncu",
+        "--export", "runs/r1/ncu/base__medium.cache.ncu-rep",
+        "--force-overwrite",
+        "--config-file", "off",
+        "--cache-control", "none",
+        "--clock-control", "base",
+        "--replay-mode", "application",
+        "--target-processes", "all",
+        "--nvtx",
+        "--nvtx-include", "chz-profile/",
+        "--metrics", "lts__t_sector_hit_rate.pct,lts__t_sectors.sum,lts__t_bytes.sum,dram__bytes_read.sum,"
+                     "dram__bytes_write.sum",
+        "-k", "regex:chz_|EmbeddingBag",
+        "python", "-m", "w", "profile",
+    ]  # fmt: skip
+
+
+def test_cache_collection_keeps_launch_order_scoping() -> None:
+    main_argv = build_argv(NCU, NcuOptions(kernel_name="chz_"), Path("x"), ["t"])
+    k = main_argv.index("-k")
+    main_argv[k:k] = ["--launch-skip", "24", "--launch-count", "4"]
+    argv = cache_argv(main_argv, Path("x.cache"))
+    assert argv[argv.index("--metrics") + 2:] == ["--launch-skip", "24", "--launch-count", "4", "-k", "regex:chz_", "t"]
+    assert "--section" not in argv and argv[argv.index("--replay-mode") + 1] == "application"
+
+
+def test_replay_mode_is_recorded_per_metric() -> None:
+    modes = replay_modes(NcuOptions())
+    assert modes["default"] == "kernel" and modes["lts__t_sector_hit_rate.pct"] == "application"
+    assert set(CACHE_METRICS) < set(modes) and set(CACHE_METRICS) <= set(METRIC_SETS["cache"].metrics)
+    assert all(m == "kernel" for m in replay_modes(NcuOptions(), cache_collected=False).values())
+    with pytest.raises(ConfigError):
+        cache_argv(["ncu", "target"], Path("x"))

@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from characterize.cli import main
-from characterize.measure.ncu import build_argv, export_path
+from characterize.measure.ncu import build_argv, cache_argv, export_path
 from characterize.measure.runner import ncu_options
 from characterize.pipeline import load_experiment
 from characterize.store import load_run
@@ -176,14 +176,16 @@ def test_profile_orchestration_end_to_end(tmp_path, fake_ncu):
                                   "--variants", "base,l2p"])
     assert r.exit_code == 0, r.output
     argvs = calls(log)
-    assert len(argvs) == 4  # one ncu process per point
+    assert len(argvs) == 8  # per point: the main collection, then the cache counters under application replay
     exp = load_experiment(str(exp_path))
     target = [sys.executable, "-m", "characterize.measure.worker", "profile", str(out), "--variant", "base", "--dataset",
               "medium", "--backend", "emulate"]
     expected = build_argv(ncu, ncu_options(exp, None), export_path(out / "ncu" / "base__medium"), target)
     assert argvs[0] == expected[1:]  # the stand-in sees its arguments, not its own path
+    assert argvs[1] == cache_argv(expected, out / "ncu" / "base__medium.cache")[1:]
+    assert argvs[1][argvs[1].index("--replay-mode") + 1] == "application"
     assert expected[:20] == [str(ncu), "--export", str(out / "ncu" / "base__medium.ncu-rep"), "--force-overwrite",
-                             "--config-file", "off", "--cache-control", "none", "--clock-control", "base",
+                             "--config-file", "off", "--cache-control", "none", "--clock-control", "none",
                              "--replay-mode", "kernel", "--target-processes", "all", "--nvtx", "--nvtx-include",
                              "chz-profile/", "--section", "LaunchStats", "--section"]
     assert argvs[0][argvs[0].index("-k") + 1] == "regex:chz_|EmbeddingBag"
@@ -196,11 +198,15 @@ def test_profile_orchestration_end_to_end(tmp_path, fake_ncu):
     m = run.metrics
     assert set(m["variant"]) == {"base", "l2p"} and set(m["dataset"]) == {"medium", "random"}
     assert (m["cache_control"] == "none").all()
+    assert all(p["replay_modes"]["lts__t_sector_hit_rate.pct"] == "application" for p in pts)
+    hit = m[m["metric"] == "lts__t_sector_hit_rate.pct"]
+    assert len(hit) == 4 and (hit["replay_mode"] == "application").all()
+    assert (m[m["metric"] == "gpu__time_duration.sum"]["replay_mode"] == "kernel").all()
     k = run.kernels
     assert len(k) == 4 and k["achieved_occupancy_pct"].round(2).eq(80.59).all()
     again = CliRunner().invoke(main, ["profile", str(exp_path), "--ncu", str(ncu), "--out", str(out),
                                       "--variants", "base,l2p", "--resume"])
-    assert again.exit_code == 0 and len(calls(log)) == 4  # nothing redone
+    assert again.exit_code == 0 and len(calls(log)) == 8  # nothing redone
 
 
 def test_profile_permission_error_is_explained_and_stops(tmp_path, fake_ncu, monkeypatch):
@@ -219,8 +225,10 @@ def test_profile_falls_back_to_launch_order_when_nvtx_matches_nothing(tmp_path, 
     r = CliRunner().invoke(main, ["profile", str(experiment(tmp_path, datasets=("high",))), "--ncu", str(ncu),
                                   "--out", str(tmp_path / "run"), "--variants", "l2p"])
     assert r.exit_code == 0, r.output
-    first, second = calls(log)
+    first, second, cache = calls(log)
     assert "--nvtx-include" in first and "--nvtx-include" not in second
+    assert cache[cache.index("--metrics") + 2:cache.index("--launch-count")] == second[second.index("--launch-skip"):
+                                                                                       second.index("--launch-count")]
     skip = second[second.index("--launch-skip") + 1]
     assert skip == str(1 * 2 * 2)  # 1 warm-up batch x T=2 tables x (pre-pass + lookup)
     assert load_run(tmp_path / "run").points("profile")[0]["scoping"] == "launch-skip"
@@ -290,3 +298,14 @@ def test_real_bench_and_profile_of_two_variants(tmp_path):
     k = run.kernels
     assert set(k["variant"]) == {"base", "warp"} and k["l2_hit_rate_pct"].notna().all()
     assert k["nvtx_range"].str.startswith("chz/").all()  # variant/dataset/table came from NVTX
+
+
+@pytest.mark.slow
+def test_a_variant_that_fails_its_check_is_a_failed_profile_point_with_the_reason(tmp_path, fake_ncu):
+    ncu, log = fake_ncu
+    r = CliRunner().invoke(main, ["profile", str(experiment(tmp_path, datasets=("medium",))), "--ncu", str(ncu),
+                                  "--out", str(tmp_path / "run"), "--variants", "wrong,base"])
+    assert r.exit_code == 0 and "1 failed" in r.output, r.output
+    pts = {p["variant"]: p for p in load_run(tmp_path / "run").points("profile")}
+    assert pts["wrong"]["status"] == "failed" and "does not match torch" in pts["wrong"]["error"]
+    assert "not profiled" in pts["wrong"]["error"] and pts["base"]["status"] == "ok"

@@ -4,11 +4,12 @@ and how bad input ends (a failed point, never a lost one)."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from characterize.measure.worker import main, nvtx_name
 from characterize.pipeline import load_experiment, open_experiment_run
 from characterize.store import load_run
-from tests.conftest import write_experiment
+from tests.conftest import HAS_GPU, write_experiment
 
 
 def _run(tmp_path, datasets=("medium",), variants=("base", "warp")):
@@ -50,3 +51,106 @@ def test_nvtx_names_follow_the_extract_convention():
     from characterize.extract.schema import parse_nvtx_convention
 
     assert parse_nvtx_convention(nvtx_name("rpf", "medium", 3)) == ("rpf", "medium", 3)
+
+
+def test_every_point_is_checked_before_it_is_timed_and_records_how_it_was_timed(tmp_path):
+    _, out = _run(tmp_path, variants=("base",))
+    assert main(["bench", str(out), "--point", "base:medium", "--backend", "emulate"]) == 0
+    point = load_run(out).points("bench")[0]
+    assert point["check"]["passed"] and 0 <= point["check"]["max_abs_err"] <= point["check"]["tolerance"]
+    assert point["clock_control"] == "none"
+    for row in point["summary"]:
+        assert row["timing_method"] == "wall-clock-emulation" and row["gap_free"] is False
+        assert row["host_launch_us"] > 0 and row["host_bound_reps"] == 0
+
+
+def test_a_variant_that_does_not_match_torch_is_a_failed_point_with_its_error_never_timed(tmp_path):
+    _, out = _run(tmp_path, variants=("wrong", "base"))
+    assert main(["bench", str(out), "--point", "wrong:medium", "--point", "base:medium", "--backend", "emulate"]) == 0
+    run = load_run(out)
+    failed = {p["variant"]: p for p in run.points("bench") if p["status"] == "failed"}
+    assert list(failed) == ["wrong"]
+    check = failed["wrong"]["check"]
+    assert not check["passed"] and check["max_abs_err"] > check["tolerance"] > 0
+    assert "does not match torch" in failed["wrong"]["error"] and "not timed" in failed["wrong"]["error"]
+    assert "repetitions" not in failed["wrong"]
+    assert (run.bench[run.bench["variant"] == "base"]["status"] == "ok").all()
+
+
+def test_the_profile_target_refuses_a_variant_that_does_not_match_torch(tmp_path, capsys):
+    exp = load_experiment(str(write_experiment(tmp_path, datasets=("medium",), variants=("wrong",), max_reps=3)))
+    run = open_experiment_run(exp, tmp_path / "run", "profile", False, None, backend="emulate")
+    code = main(["profile", str(run.path), "--variant", "wrong", "--dataset", "medium", "--backend", "emulate"])
+    err = capsys.readouterr()
+    assert code != 0 and "does not match torch" in err.err and "not profiled" in err.err
+    assert "NVTX push chz-profile" not in err.out
+
+
+def _l2p_tables(max_persisting: int, T: int = 2):
+    import dataclasses
+
+    import torch
+
+    from characterize.hardware import gpu_spec
+    from characterize.kernels.library import bind
+
+    gpu = dataclasses.replace(gpu_spec("a100"), max_persisting_l2_bytes=max_persisting)
+    g = torch.Generator().manual_seed(5)
+    trace = torch.randint(0, 1009, (400,), generator=g)
+    return [bind("l2p", torch.rand(1009, 68, generator=g), trace=trace, params={"K": 97}, backend="emulate", gpu=gpu)
+            for _ in range(T)]
+
+
+def test_l2p_runs_inside_a_persisting_set_aside_sized_for_its_hot_rows_and_restores_it():
+    from characterize.measure.worker import l2_set_aside
+
+    kernels = _l2p_tables(max_persisting=1 << 20)
+    lib = kernels[0].library
+    hot = 97 * 68 * 4
+    resets = lib.emu_state().persisting_resets
+    with l2_set_aside(kernels, True) as granted:
+        assert lib.emu_state().persisting_limit == hot
+        assert granted == {"requested_bytes": hot, "granted_bytes": hot, "previous_bytes": 0}
+    assert lib.emu_state().persisting_limit == 0 and lib.emu_state().persisting_resets == resets + 1
+    # a set-aside smaller than the hot set: the device's maximum is granted, and recorded
+    small = _l2p_tables(max_persisting=8192)
+    with l2_set_aside(small, True) as granted:
+        assert granted["granted_bytes"] == 8192 < granted["requested_bytes"] == hot
+    with l2_set_aside(small, False) as granted:   # measured without a set-aside
+        assert granted == {} and small[0].library.emu_state().persisting_limit == 0
+    with l2_set_aside([bind_base()], True) as granted:   # no pre-pass, no set-aside
+        assert granted == {}
+
+
+def bind_base():
+    import torch
+
+    from characterize.kernels.library import bind
+
+    return bind("base", torch.rand(31, 8), backend="emulate")
+
+
+def test_a_bench_point_of_l2p_records_its_set_aside(tmp_path):
+    _, out = _run(tmp_path, variants=("l2p",))
+    assert main(["bench", str(out), "--point", "l2p:medium", "--backend", "emulate"]) == 0
+    point = load_run(out).points("bench")[0]
+    assert point["status"] == "ok" and point["l2_set_aside"]["granted_bytes"] > 0
+    assert point["l2_set_aside"]["granted_bytes"] == min(point["l2_set_aside"]["requested_bytes"], 30 << 20)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU: the persisting-L2 limit is the driver's")
+def test_on_a_gpu_the_set_aside_is_granted_within_the_device_maximum_and_restored():
+    import torch
+
+    from characterize.hardware import devices
+    from characterize.kernels.library import bind
+    from characterize.measure.worker import l2_set_aside
+
+    g = torch.Generator(device="cuda").manual_seed(5)
+    trace = torch.randint(0, 200_003, (50_000,), generator=g, device="cuda")
+    kernels = [bind("l2p", torch.rand(200_003, 128, generator=g, device="cuda"), trace=trace, backend="cuda")]
+    limit = devices()[0].max_persisting_l2_bytes
+    with l2_set_aside(kernels, True) as granted:
+        assert 0 < granted["granted_bytes"] <= min(granted["requested_bytes"], limit)
+    assert kernels[0].library.l2_set_aside(0)[1] == granted["previous_bytes"]

@@ -30,11 +30,12 @@ class ModelConstants:
     l2_capacity_factor: float   # f: fraction of L2 that behaves like a fully associative LRU
     hbm_efficiency: float       # eta: achievable fraction of peak DRAM bandwidth
     launch_overhead_us: float
+    pinned_hit: float = GpuSpec.pinned_hit_probability  # a row pinned in the persisting set-aside hits
 
     @classmethod
     def defaults(cls, gpu: GpuSpec) -> "ModelConstants":
         return cls(gpu.l1_latency_ns, gpu.l2_latency_ns, gpu.dram_latency_ns, gpu.l2_effective_capacity,
-                   gpu.hbm_efficiency, gpu.launch_overhead_us)
+                   gpu.hbm_efficiency, gpu.launch_overhead_us, gpu.pinned_hit_probability)
 
     def to_dict(self) -> dict[str, float]:
         return dataclasses.asdict(self)
@@ -42,10 +43,10 @@ class ModelConstants:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "ModelConstants":
         names = [f.name for f in dataclasses.fields(cls)]
-        missing = [n for n in names if n not in data]
+        missing = [n for n in names if n not in data and n not in OPTIONAL]
         if missing:
             raise ConfigError(f"model constants lack {', '.join(missing)}")
-        return cls(**{n: float(data[n]) for n in names})
+        return cls(**{n: float(data[n]) for n in names if n in data})
 
     def replace(self, **changes: float) -> "ModelConstants":
         return dataclasses.replace(self, **changes)
@@ -75,9 +76,12 @@ BAND: dict[str, tuple[float, float]] = {
     "l2_capacity_factor": (0.83, 1.5),
     "hbm_efficiency": (0.88, 1.08),
     "launch_overhead_us": (0.67, 1.33),
+    "pinned_hit": (0.89, 1.12),
 }
 #: constants whose larger values make a kernel faster (the band's fast end takes the top)
-FASTER_WHEN_LARGER = frozenset({"l2_capacity_factor", "hbm_efficiency"})
+FASTER_WHEN_LARGER = frozenset({"l2_capacity_factor", "hbm_efficiency", "pinned_hit"})
+#: constants added after calibrations were first stored: a stored set without them keeps the default
+OPTIONAL = frozenset({"pinned_hit"})
 
 
 #: the range calibrate() keeps each constant in
@@ -88,6 +92,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "l2_capacity_factor": (0.05, 1.0),
     "hbm_efficiency": (0.2, 1.0),
     "launch_overhead_us": (0.3, 30.0),
+    "pinned_hit": (0.3, 1.0),
 }
 FIT_DEFAULT = tuple(BOUNDS)
 

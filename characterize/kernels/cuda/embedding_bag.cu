@@ -684,3 +684,33 @@ CHZ_EXPORT int chz_is_emulated() {
   return 0;
 #endif
 }
+
+// ------------------------------------------------- persisting-L2 set-aside (l2p)
+// The l2p/combined pre-pass marks the hot rows evict_last; the CUDA programming guide
+// gives persisting accesses priority only within the set-aside configured with
+// cudaLimitPersistingL2CacheSize (0 by default). Set it for the hot set, capped at the
+// device's cudaDevAttrMaxPersistingL2CacheSize; report what was granted and what was
+// there before, so the caller can restore it.
+CHZ_EXPORT int chz_l2_set_aside(uint64_t bytes, uint64_t* granted, uint64_t* previous) {
+  int device = 0, max_persist = 0;
+  size_t before = 0, now = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&max_persist, cudaDevAttrMaxPersistingL2CacheSize, device);
+  if (e == cudaSuccess) e = cudaDeviceGetLimit(&before, cudaLimitPersistingL2CacheSize);
+  if (e != cudaSuccess) return (int)e;
+  if (max_persist <= 0) return CHZ_ERR_UNSUPPORTED;  // pre-Ampere: no persisting L2
+  const uint64_t carve = bytes < (uint64_t)max_persist ? bytes : (uint64_t)max_persist;
+  e = cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, carve);
+  if (e == cudaSuccess) e = cudaDeviceGetLimit(&now, cudaLimitPersistingL2CacheSize);
+  if (e != cudaSuccess) return (int)e;
+  if (granted) *granted = now;
+  if (previous) *previous = before;
+  return CHZ_OK;
+}
+
+// Demote the persisting lines and put the set-aside back to `previous`.
+CHZ_EXPORT int chz_l2_set_aside_restore(uint64_t previous) {
+  cudaError_t e = cudaCtxResetPersistingL2Cache();
+  if (e == cudaSuccess) e = cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, previous);
+  return (int)e;
+}

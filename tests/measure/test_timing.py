@@ -1,0 +1,157 @@
+"""Timing methodology without a GPU: a simulated in-order device stream shows that the
+events bracket device work only (the host's launch cost never lands between them), and
+the emulation backend runs the same loop end to end with a clean-L2 flush."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from characterize.config import BenchConfig
+from characterize.kernels.library import bind
+from characterize.measure.timing import FIRST_DELAY_US, METHOD_DELAY, METHOD_WALL, L2Flusher, time_point
+
+
+class SimulatedStream:
+    """One CUDA stream on a simulated clock. Host calls cost host time; enqueued work
+    starts once it is submitted and everything before it is done; an event's timestamp
+    is when the stream reaches it. After a kernel and its closing event the stream idles
+    `gap_us` (the device's turnaround between launches). `spins` False models a device
+    whose delay does not delay (eager timing)."""
+
+    method = METHOD_DELAY
+
+    def __init__(self, gap_us: float = 0.0, call_us: float = 2.0, spins: bool = True):
+        self.host = 0.0
+        self.free = 0.0
+        self.gap_us, self.call_us, self.spins = gap_us, call_us, spins
+        self.log: list[str] = []   # what reached the device, in order
+
+    def _submit(self, what: str, duration: float) -> float:
+        turnaround = self.log[-2:] == ["kernel", "event"]
+        start = max(self.host, self.free + (self.gap_us if turnaround else 0.0))
+        self.free = start + duration
+        self.log.append(what)
+        return start
+
+    def mark(self) -> float:
+        self.host += self.call_us
+        return self._submit("event", 0.0)
+
+    def elapsed_us(self, start: float, end: float) -> float:
+        return end - start
+
+    def delay(self, us: float) -> None:
+        self.host += self.call_us
+        self._submit("delay", us if self.spins else 0.0)
+
+    def host_us(self) -> float:
+        return self.host
+
+    def sync(self) -> None:
+        self.host = max(self.host, self.free)
+
+    def kernel(self, host_us: float, device_us: float) -> None:
+        self.host += host_us        # Python + ctypes + argument marshalling
+        self._submit("kernel", device_us)
+
+
+class SimulatedKernel:
+    """A table launch as the timing loop sees it: host cost, then device work."""
+
+    def __init__(self, stream: SimulatedStream, device_us: float, host_us: float = 18.0):
+        self.stream, self.device_us, self.host_us = stream, device_us, host_us
+        self.hot_rows, self.library, self.weight = None, None, torch.empty(0)
+
+    def prepass(self) -> None:
+        pass
+
+    def launch(self, idx, off, out=None) -> None:
+        self.stream.kernel(self.host_us, self.device_us)
+
+
+DEVICE_US = [7.0, 9.5, 11.0, 8.0, 6.5]
+BATCHES = [[(torch.zeros(1), torch.zeros(1))] * len(DEVICE_US)]
+BENCH = BenchConfig(warmup=1, min_reps=3, max_reps=5, ci_target=0.5, budget_s=5.0, modes=("steady",))
+
+
+def _time(stream: SimulatedStream, bench: BenchConfig = BENCH, host_us: float = 18.0, T: int | None = None):
+    kernels = [SimulatedKernel(stream, us, host_us) for us in (DEVICE_US if T is None else [DEVICE_US[0]] * T)]
+    return time_point(kernels, [[(torch.zeros(1), torch.zeros(1))] * len(kernels)], "steady", bench,
+                      outputs=[None] * len(kernels), clock=stream)
+
+
+def test_events_bracket_device_work_only_although_each_launch_costs_more_host_time():
+    res = _time(SimulatedStream(gap_us=1.0))
+    # 18 us of host time per launch, 6.5-11 us on the device: the events see the device times exactly
+    assert res["per_table_mean_us"] == pytest.approx(DEVICE_US)
+    assert res["kernel"].mean == pytest.approx(sum(DEVICE_US))
+    tm = res["timing"]
+    assert tm["method"] == METHOD_DELAY and tm["gap_free"] and tm["host_bound_reps"] == 0
+    assert all(r["gap_free"] and r["counted"] for r in res["repetitions"])
+    # launch overhead apart: the host's enqueue cost and the device's own gap between kernels
+    assert tm["host_enqueue_per_launch_us"] == pytest.approx(18.0 + 4 * 2.0)
+    assert tm["launch_gap_per_launch_us"] == pytest.approx(1.0 * (len(DEVICE_US) - 1) / len(DEVICE_US))
+
+
+def test_without_a_delay_host_gaps_inflate_the_times_and_are_caught():
+    res = _time(SimulatedStream(spins=False))
+    assert not res["timing"]["gap_free"] and res["timing"]["host_bound_reps"] == len(res["repetitions"])
+    # what an eager harness would have reported: host time counted as kernel time
+    assert all(m > d + 10 for m, d in zip(res["per_table_mean_us"], DEVICE_US))
+
+
+def test_a_delay_too_short_for_the_host_is_doubled_and_its_repetitions_left_out():
+    bench = BenchConfig(warmup=0, min_reps=3, max_reps=6, ci_target=0.5, budget_s=5.0, modes=("steady",))
+    res = _time(SimulatedStream(), bench, T=20)   # 20 x 26 us of host time > the first 200 us delay
+    reps = res["repetitions"]
+    assert reps[0]["delay_us"] == FIRST_DELAY_US and not reps[0]["counted"]
+    assert res["timing"]["host_bound_reps"] >= 1 and res["timing"]["gap_free"]
+    counted = [r for r in reps if r["counted"]]
+    assert len(counted) >= 3 and all(r["delay_us"] > r["host_enqueue_us"] for r in counted)
+    assert res["kernel"].n == len(counted) and res["kernel"].mean == pytest.approx(20 * DEVICE_US[0])
+
+
+def test_emulated_bench_runs_cold_mode_with_a_write_then_read_flush():
+    g = torch.Generator().manual_seed(3)
+    weight = torch.rand(1009, 68, generator=g)
+    idx = torch.randint(0, 1009, (301,), generator=g)
+    off = torch.tensor([0, 5, 5, 120, 233])
+    kernels = [bind("base", weight.clone(), trace=idx, backend="emulate") for _ in range(2)]
+    flusher = L2Flusher(torch.device("cpu"), 64 * 1024)
+    bench = BenchConfig(warmup=1, min_reps=2, max_reps=3, ci_target=0.5, budget_s=5.0, modes=("cold",))
+    res = time_point(kernels, [[(idx, off), (idx, off)]], "cold", bench, flusher)
+    assert res["timing"]["method"] == METHOD_WALL and not res["timing"]["gap_free"]
+    assert res["timing"]["flush_bytes"] == 2 * 64 * 1024 and res["kernel"].n >= 2
+    assert all(r["counted"] for r in res["repetitions"])
+
+
+def test_the_cold_flush_writes_then_reads_twice_the_l2_so_no_dirty_line_is_left():
+    flusher = L2Flusher(torch.device("cpu"), 4096)
+    flusher.buffer.zero_()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+        flusher.flush()
+    ops = [(e.name, e.input_shapes[0]) for e in prof.events() if e.cpu_parent is None]
+    n = flusher.buffer.numel()
+    assert ops == [("aten::fill_", [n]), ("aten::sum", [n])], ops   # the whole buffer, the read last
+    assert flusher.bytes == 2 * 4096 and float(flusher.sink) == flusher.buffer.numel()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: the delay kernel and events run there")
+def test_on_a_gpu_every_counted_repetition_is_free_of_host_gaps():
+    from characterize.hardware import devices
+
+    g = torch.Generator(device="cuda").manual_seed(3)
+    weight = torch.rand(100_003, 128, generator=g, device="cuda")
+    idx = torch.randint(0, 100_003, (127 * 20,), generator=g, device="cuda")
+    off = torch.arange(0, 127 * 20, 20, device="cuda")
+    kernels = [bind(v, weight.clone(), trace=idx, backend="cuda") for v in ("base", "l2p", "warp")]
+    bench = BenchConfig(warmup=2, min_reps=5, max_reps=20, ci_target=0.05, budget_s=5.0, modes=("steady", "cold"))
+    flusher = L2Flusher(weight.device, devices()[0].l2_bytes, kernels[0].library)
+    for mode in bench.modes:
+        res = time_point(kernels, [[(idx, off)] * 3], mode, bench, flusher)
+        assert res["timing"]["method"] == METHOD_DELAY and res["timing"]["gap_free"], res["timing"]
+        counted = [r for r in res["repetitions"] if r["counted"]]
+        assert counted and all(r["host_enqueue_us"] < r["spin_us"] for r in counted)
+        assert res["timing"]["host_enqueue_per_launch_us"] > 0 and all(t > 0 for t in res["per_table_mean_us"])
