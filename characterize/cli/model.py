@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -9,11 +10,35 @@ from pathlib import Path
 import click
 
 from characterize.cli.base import main
+from characterize.errors import ConfigError
 
 #: keys of every object `predict --json` prints
 PREDICT_KEYS = ("variant", "dtype", "dataset", "arch", "gpu", "l2_hit_rate_pct", "dram_bytes", "time_us", "time_us_low",
                 "time_us_high", "speedup_vs_base",
                 "bound", "constants")
+#: keys `predict --json` adds for host-resident tables (null on the other variants' rows)
+HOST_KEYS = ("cache_ratio", "cache_rows", "cache_hit_rate_pct", "host_bytes", "host_link", "dedup_us", "transfer_us",
+             "lookup_us")
+
+
+def parse_ratios(text: str) -> list[float]:
+    """'0.5%,1.5%,5%' or '0.005,0.015' -> shares of E in (0, 1]."""
+    out = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        try:
+            value = float(part[:-1]) / 100 if part.endswith("%") else float(part)
+        except ValueError:
+            raise ConfigError(f"bad cache ratio {part!r}: use shares of the table such as 0.5%,1.5%,5% "
+                              "(or 0.005,0.015,0.05)") from None
+        if not 0 < value <= 1:
+            raise ConfigError(f"cache ratio {part} is outside (0, 100%]: it is the share of each table's rows "
+                              "the GPU cache holds")
+        out.append(value)
+    if not out:
+        raise ConfigError("--cache-ratio needs at least one share, e.g. 0.5%,1.5%,5%")
+    return out
 
 
 @main.command("predict")
@@ -21,23 +46,56 @@ PREDICT_KEYS = ("variant", "dtype", "dataset", "arch", "gpu", "l2_hit_rate_pct",
 @click.option("--arch", "archs", default=None,
               help="comma-separated architectures or GPU names, e.g. sm_80,sm_90 or a100-40gb,h200 "
                    "[the experiment's architectures]")
+@click.option("--cache-ratio", "cache_ratio", default=None,
+              help="sweep the cache variant's GPU cache size, as shares of each table's rows: 0.5%,1.5%,5%,... "
+                   "(rows carry cache_ratio, cache_hit_rate_pct, host_bytes and the time split)")
+@click.option("--dtypes", default=None,
+              help="also predict these precisions (fp32,fp16,bf16,int8,int8h; 'all') beside the workload's dtype "
+                   "[the experiment's dtypes]")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-def predict(experiment: str, archs: str | None, as_json: bool) -> None:
+def predict(experiment: str, archs: str | None, cache_ratio: str | None, dtypes: str | None, as_json: bool) -> None:
     """Model predictions for an experiment (a shipped experiment name or a TOML file): kernel
-    time per table launch, speedup over base, L2 hit rate and DRAM traffic, without a GPU."""
-    from characterize.cli.base import csv_list, echo_err, print_rows
+    time per table launch, speedup over base, L2 hit rate and DRAM traffic, without a GPU;
+    for host-resident tables (cache, uvm) the hit rate, host bytes and the time split."""
+    from characterize.analysis.model.predict import precision_grid
+    from characterize.cli.base import TerminalReporter, csv_list, echo_err, print_rows
+    from characterize.kernels.registry import DTYPES, HOST_VARIANTS
     from characterize.pipeline import load_experiment, predict
 
+    ratios = parse_ratios(cache_ratio) if cache_ratio is not None else None
     exp = load_experiment(experiment)
+    if dtypes is not None:
+        exp = dataclasses.replace(exp, dtypes=DTYPES if dtypes == "all" else tuple(csv_list(dtypes))).validate()
     start = time.perf_counter()
-    df = predict(exp, csv_list(archs), progress=None if as_json else echo_err)
+    with TerminalReporter(indent="", quiet=as_json) as reporter:
+        df = predict(exp, csv_list(archs), progress=reporter, cache_ratios=ratios)
+    host = df["variant"].isin(HOST_VARIANTS)
     if as_json:
-        click.echo(json.dumps(df[list(PREDICT_KEYS)].to_dict("records"), indent=2))
+        keys = list(PREDICT_KEYS) + (list(HOST_KEYS) if host.any() else [])
+        rows = df[keys].astype(object).where(df[keys].notna(), None).to_dict("records")
+        click.echo(json.dumps(rows, indent=2))
         return
     view = df.assign(dram_MB=df["dram_bytes"] / 1e6)
-    print_rows(view.to_dict("records"), ["variant", "dataset", "arch", "gpu", "time_us", "speedup_vs_base", "bound",
+    print_rows(view.to_dict("records"), ["variant", "dtype", "dataset", "arch", "gpu", "time_us", "speedup_vs_base",
+                                         "bound",
                                          "l1_hit_rate_pct", "l2_hit_rate_pct", "dram_MB", "resident_warps",
                                          "loads_in_flight", "constants"])
+    grid = precision_grid(df)
+    if not grid.empty:
+        click.echo("\nprecision x variant: predicted speedup over fp32 base (geometric mean over datasets):")
+        wide = grid.pivot_table(index=["gpu", "dtype"], columns="variant", values="speedup_vs_fp32_base",
+                                sort=False).reset_index()
+        print_rows(wide.to_dict("records"), [str(c) for c in wide.columns])
+    if host.any():
+        h = df[host]
+        click.echo("\nhost-resident tables (per table launch; cache_hit_rate_pct: of a batch's unique rows; "
+                   "uvm: GPU memory as a cache of 64 KiB pages; pct_of_all_gpu: base's time / this time):")
+        row_bytes = h["dtype"].map(lambda dt: exp.workload.replace(dtype=dt).row_bytes)
+        sweep = h.assign(cache_pct=100 * h["cache_ratio"], host_MB=h["host_bytes"] / 1e6,
+                         cache_MiB=h["cache_rows"] * row_bytes / 2**20, pct_of_all_gpu=100 * h["speedup_vs_base"])
+        print_rows(sweep.to_dict("records"), ["variant", "dtype", "dataset", "gpu", "cache_pct", "cache_MiB",
+                                              "cache_hit_rate_pct", "host_MB", "host_link", "dedup_us", "transfer_us",
+                                              "lookup_us", "time_us", "pct_of_all_gpu"])
     notes = sorted(set(df["note"]) - {""})
     for n in notes:
         click.echo(f"note: {n}")

@@ -4,7 +4,10 @@ Runs each variant (the CUDA build on a GPU, the CPU-emulation build otherwise) o
 generated traces and compares the pooled output with torch computed in float64 from the
 dequantized table (what the kernel reads, widened), and offset2bag / bag sizes with their
 definition, for every table dtype. The deliberately wrong variant must fail here, which
-proves the checker can.
+proves the checker can. The cache variant is also run over several batches with a cache
+warmed from another table's trace, so that rows are missed, admitted and evicted, and
+every batch is compared with torch on the full table and the cache's maps and slots
+with the host table.
 """
 
 from __future__ import annotations
@@ -18,15 +21,18 @@ import torch
 from characterize.config import WorkloadConfig
 from characterize.errors import CharacterizeError, UnsupportedShape
 from characterize.kernels.library import (
-    TORCH_DTYPES,
     Table,
+    as_dtype,
+    bind,
+    check_indices,
     default_backend,
     dequantize,
-    quantize_rowwise,
     run_variant,
     table_dtype,
 )
 from characterize.kernels.registry import DTYPES, VARIANTS, get_variant
+from characterize.workloads.presets import HOTNESS_ORDER
+from characterize.workloads.traces import generate
 
 #: Tolerance per dtype, relative to (longest bag x largest |value|), plus 1e-6 absolute.
 #: The reference is computed from the same dequantized values the kernels read, so what
@@ -46,12 +52,7 @@ def make_table(dtype: str, E: int, D: int, seed: int = 0, row_align: int = 16) -
     """A random N(0, 1) table of `dtype`: int8 tables quantized row-wise (rows padded to
     `row_align` bytes, 16 as FBGEMM's TBE pads them, so the warp kernel can read them)."""
     g = torch.Generator().manual_seed(seed)
-    w = torch.randn(E, D, generator=g, dtype=torch.float32)
-    if dtype in TORCH_DTYPES:
-        return w.to(TORCH_DTYPES[dtype])
-    return quantize_rowwise(w, dtype, row_align)
-from characterize.workloads.presets import HOTNESS_ORDER
-from characterize.workloads.traces import generate
+    return as_dtype(torch.randn(E, D, generator=g, dtype=torch.float32), dtype, row_align)
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,7 @@ class CheckResult:
     passed: bool | None   # None: skipped (the variant refuses this shape by design)
     error: str = ""
     dtype: str = "fp32"
+    note: str = ""        # the cache's batches: misses, evictions, hit rate
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -116,6 +118,70 @@ def check_one(variant: str, weight: Table, indices: torch.Tensor, offsets: torch
     return CheckResult(variant, dataset, mode, shape, backend, err, tol, o2b_ok, size_ok, passed, "", dtype)
 
 
+#: batches the cache variant is checked over (its cache carries over from one to the next)
+CACHE_CHECK_BATCHES = 4
+
+
+def cache_trace(dataset: str, config: WorkloadConfig) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
+    """CACHE_CHECK_BATCHES batches of table 0 and, to warm the cache, table 1's first batch
+    (a different hot set, so the cache must evict what it was warmed with)."""
+    ds = generate(dataset, config.replace(batches=max(config.batches, CACHE_CHECK_BATCHES)), tables=[0, 1])
+    batches = []
+    for b in range(CACHE_CHECK_BATCHES):
+        i, o = ds.tables[0].batch(b)
+        batches.append((torch.from_numpy(i.copy()), torch.from_numpy(o.copy())))
+    return batches, torch.from_numpy(ds.tables[1].batch(0)[0].copy())
+
+
+def check_cache_batches(variant: str, weight: Table, batches: list[tuple[torch.Tensor, torch.Tensor]],
+                        warm: torch.Tensor | None, *, mode: str = "sum", padding_idx: int | None = None,
+                        params: dict | None = None, backend: str | None = None, dataset: str = "") -> CheckResult:
+    """A host-resident variant over several batches with one cache: each batch against torch
+    on the full table, and after each the cache's maps and slots against the host table.
+    `warm`: the trace whose frequencies warm the cache (another table's, so rows get evicted)."""
+    backend = backend or default_backend()
+    device = "cuda" if backend == "cuda" else "cpu"
+    E, D = weight.shape
+    dtype = table_dtype(weight)
+    wide = dequantize(weight).double()
+    longest = max((int(np.diff(np.append(o.numpy(), i.shape[0])).max(initial=1)) for i, o in batches), default=1)
+    tol = tolerance(dtype, variant, longest, float(wide.abs().max()))
+    err, consistent, o2b_ok, size_ok = 0.0, True, True, True
+    try:
+        for idx, _ in batches:
+            check_indices(idx, E)
+        tk = bind(variant, weight.clone(), trace=warm, params=params, mode=mode, padding_idx=padding_idx,
+                  backend=backend)
+        try:
+            for idx, off in batches:
+                ref = torch.nn.functional.embedding_bag(idx, wide, off, mode=mode, padding_idx=padding_idx)
+                out = tk.launch(idx.to(device), off.to(device))
+                if off.shape[0]:
+                    err = max(err, float((out.output.double().cpu() - ref).abs().max()))
+                exp_o2b, exp_size = expected_bags(off.numpy(), idx.shape[0], idx.numpy(),
+                                                  None if padding_idx is None else padding_idx % E)
+                o2b_ok &= bool(np.array_equal(out.offset2bag.cpu().numpy(), exp_o2b))
+                size_ok &= bool(np.array_equal(out.bag_size.cpu().numpy(), exp_size))
+                if tk.cache is not None:
+                    consistent &= tk.cache.consistent()
+            stats = tk.cache.stats if tk.cache is not None else []
+        finally:
+            tk.close()
+    except CharacterizeError as e:
+        return CheckResult(variant, dataset, mode, f"D={D} E={E} batches={len(batches)}", backend, float("nan"), tol,
+                           None, None, False, str(e), dtype)
+    C = tk.params.get("C", 0)
+    shape = f"B={batches[0][1].shape[0]} D={D} E={E} batches={len(batches)} C={C}"
+    note = ""
+    if stats:
+        uniq, hits = sum(s.unique for s in stats), sum(s.hits for s in stats)
+        note = (f"{sum(s.misses for s in stats)} misses, {sum(s.admitted for s in stats)} admitted, "
+                f"{sum(s.evicted for s in stats)} evicted, hit rate {100 * hits / max(uniq, 1):.0f}% of unique rows")
+    passed = err <= tol and consistent and o2b_ok and size_ok
+    return CheckResult(variant, dataset, mode, shape, backend, err, tol, o2b_ok, size_ok, passed,
+                       "" if consistent else "the cache's maps or slots disagree with the host table", dtype, note)
+
+
 def check_variants(variants: Iterable[str] | None = None, datasets: Iterable[str] = HOTNESS_ORDER,
                    config: WorkloadConfig | None = None, modes: Iterable[str] = ("sum", "mean"),
                    backend: str | None = None, params: dict[str, dict] | None = None,
@@ -135,6 +201,8 @@ def check_variants(variants: Iterable[str] | None = None, datasets: Iterable[str
         ds = generate(ds_name, config, tables=[0])
         idx_np, off_np = ds.tables[0].batch(0)
         idx, off = torch.from_numpy(idx_np.copy()), torch.from_numpy(off_np.copy())
+        if any(get_variant(n).host == "cache" for n in names):   # several batches; warmed from table 1's trace
+            cache_batches, cache_warm = cache_trace(ds_name, config)
         for dtype, weight in tables.items():
             for mode in modes:
                 for name in names:
@@ -150,4 +218,11 @@ def check_variants(variants: Iterable[str] | None = None, datasets: Iterable[str
                     if progress:
                         progress(f"{name:9s} {dtype:5s} {ds_name:9s} {mode:4s} {'ok' if r.passed else 'FAIL'}")
                     results.append(r)
+                    if get_variant(name).host == "cache":
+                        r = check_cache_batches(name, weight, cache_batches, cache_warm, mode=mode,
+                                                params=params.get(name), backend=backend, dataset=ds_name)
+                        if progress:
+                            progress(f"{name:9s} {dtype:5s} {ds_name:9s} {mode:4s} {'ok' if r.passed else 'FAIL'} "
+                                     f"over {len(cache_batches)} batches ({r.note})")
+                        results.append(r)
     return results

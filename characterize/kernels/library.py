@@ -24,7 +24,15 @@ from characterize.errors import (
 )
 from characterize.hardware import REFERENCE_ARCH, devices, gpu_spec
 from characterize.kernels.build import DTYPE_CODES, BuildResult, BuildSpec, build
-from characterize.kernels.registry import ELEMENT_BYTES, QPARAM_BYTES, Variant, check_dtype, get_variant
+from characterize.kernels.cache import HostCache, ManagedTable
+from characterize.kernels.registry import (
+    ELEMENT_BYTES,
+    QPARAM_BYTES,
+    Variant,
+    check_dtype,
+    default_cache_rows,
+    get_variant,
+)
 from characterize.kernels.static import resolve_params
 
 
@@ -83,6 +91,8 @@ class KernelLibrary:
         L.chz_error_string.restype = ctypes.c_char_p
         L.chz_warp_group.argtypes = [ctypes.c_int64]
         L.chz_l2_reset.restype = ctypes.c_int
+        L.chz_l2_set_aside.argtypes = [ctypes.c_uint64, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64)]
+        L.chz_l2_set_aside_restore.argtypes = [ctypes.c_uint64]
         self.dtype = next(n for n, c in DTYPE_CODES.items() if c == L.chz_dtype())
         L.chz_kernel_info.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(ctypes.c_int),
                                       ctypes.POINTER(ctypes.c_int)]
@@ -99,6 +109,18 @@ class KernelLibrary:
         if code in (10002, 10004):
             raise UnsupportedShape(f"{what}: {message}")
         raise KernelLaunchError(f"{what} failed: {message} (code {code})")
+
+    def l2_set_aside(self, nbytes: int) -> tuple[int, int]:
+        """Set the persisting-L2 set-aside for `nbytes` of pinned rows (capped by the
+        device); returns (granted, previous) bytes. Restore with l2_set_aside_restore."""
+        granted, previous = ctypes.c_uint64(), ctypes.c_uint64()
+        self.check(self.lib.chz_l2_set_aside(nbytes, ctypes.byref(granted), ctypes.byref(previous)),
+                   "setting the persisting-L2 set-aside")
+        return granted.value, previous.value
+
+    def l2_set_aside_restore(self, previous: int) -> None:
+        """Demote persisting lines and put the set-aside back to `previous` bytes."""
+        self.check(self.lib.chz_l2_set_aside_restore(previous), "restoring the persisting-L2 set-aside")
 
     def kernel_info(self, which: str, block: int) -> tuple[int, int]:
         """(resident blocks per SM, registers per thread) as the CUDA runtime reports them."""
@@ -217,6 +239,17 @@ def quantize_rowwise(weight: torch.Tensor, dtype: str = "int8", row_align: int =
     return QuantizedTable(data, D, dtype)
 
 
+def as_dtype(weight: torch.Tensor, dtype: str, row_align: int = 16) -> Table:
+    """An fp32 table stored as `dtype`: fp16/bf16 converted, int8 quantized row-wise with
+    rows padded to `row_align` bytes (16: what the warp kernel's 16-byte loads need)."""
+    check_dtype(dtype)
+    if dtype == "fp32":
+        return weight
+    if dtype in TORCH_DTYPES:
+        return weight.to(TORCH_DTYPES[dtype])
+    return quantize_rowwise(weight, dtype, row_align)
+
+
 def dequantize(table: Table) -> torch.Tensor:
     """The fp32 table a kernel reads: int8 rows as q x scale + bias, fp16/bf16 widened."""
     if isinstance(table, QuantizedTable):
@@ -263,6 +296,8 @@ class TableKernel:
     _order: torch.Tensor | None = field(default=None, repr=False)
     _saved: Any = field(default=None, repr=False)
     window: dict[str, float] = field(default_factory=dict)
+    cache: HostCache | None = None           # cache: the GPU row cache of the host-resident table
+    managed: ManagedTable | None = None      # uvm on a GPU: the table in managed memory
 
     def __post_init__(self) -> None:
         self.dim = self.dim or self.weight.shape[1]
@@ -316,41 +351,52 @@ class TableKernel:
 
     def launch(self, indices: torch.Tensor, offsets: torch.Tensor, per_sample_weights: torch.Tensor | None = None,
                out: BagOutputs | None = None) -> BagOutputs:
-        """One lookup-kernel launch on already mapped indices (no pre-pass)."""
+        """One lookup-kernel launch on already mapped indices (no pre-pass); with a row
+        cache, the batch is first mapped to cache slots and its misses copied from the host."""
+        if self.cache is not None:
+            return self.cache.forward(indices, lambda rows, slots, pad: self._launch(
+                rows, slots, offsets, per_sample_weights, out, pad), self.padding_idx)
+        return self._launch(self.weight, indices, offsets, per_sample_weights, out, self.map_padding())
+
+    def _launch(self, weight: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor,
+                per_sample_weights: torch.Tensor | None, out: BagOutputs | None, padding: int) -> BagOutputs:
         B, D = offsets.shape[0], self.dim
         if self.library is None:
             pad = self.padding_idx
-            weight = self.weight
             if self.dtype in QPARAM_BYTES and QPARAM_BYTES[self.dtype]:  # int8: dequantized with torch's ops
                 weight = dequantize(QuantizedTable(self.weight, self.dim, self.dtype))
             y = torch.nn.functional.embedding_bag(indices, weight, offsets, mode=self.mode, padding_idx=pad,
                                                   per_sample_weights=per_sample_weights)
-            empty = torch.empty(0, dtype=torch.int64, device=self.weight.device)
+            empty = torch.empty(0, dtype=torch.int64, device=weight.device)
             return BagOutputs(y, empty, empty)
         if per_sample_weights is not None and not self.variant.per_sample_weights:
             raise UnsupportedShape(f"variant {self.variant.name} does not support per-sample weights")
         if out is None:
-            dev = self.weight.device
+            dev = indices.device
             out = BagOutputs(torch.empty(B, D, dtype=torch.float32, device=dev),   # pooled in fp32
                              torch.empty(indices.shape[0], dtype=torch.int64, device=dev),
                              torch.empty(B, dtype=torch.int64, device=dev))
         args = BagArgs(
-            weight=self.weight.data_ptr(), num_rows=self.weight.shape[0], dim=D,
+            weight=self.managed.data_ptr if self.managed is not None else weight.data_ptr(),
+            num_rows=weight.shape[0], dim=D,
             indices=indices.data_ptr(), num_indices=indices.shape[0], offsets=offsets.data_ptr(), num_bags=B,
             output=out.output.data_ptr(), offset2bag=out.offset2bag.data_ptr(), bag_size=out.bag_size.data_ptr(),
-            mode=1 if self.mode == "mean" else 0, dtype=DTYPE_CODES[self.dtype], padding_idx=self.map_padding(),
-            weight_stride0=self.weight.stride(0), weight_stride1=self.weight.stride(1),
+            mode=1 if self.mode == "mean" else 0, dtype=DTYPE_CODES[self.dtype], padding_idx=padding,
+            weight_stride0=weight.stride(0), weight_stride1=weight.stride(1),
             per_sample_weights=per_sample_weights.data_ptr() if per_sample_weights is not None else None,
             per_sample_weights_stride=per_sample_weights.stride(0) if per_sample_weights is not None else 0)
         bx, by = self.variant.block
         launch = LaunchArgs(bx, by, self.variant.grid, self.params.get("P", 2))
         entry = getattr(self.library.lib, self.variant.entry)
-        code = entry(ctypes.byref(args), ctypes.byref(launch), _stream_handle(self.weight.device))
+        code = entry(ctypes.byref(args), ctypes.byref(launch), _stream_handle(indices.device))
         self.library.check(code, f"variant {self.variant.name}")
         return out
 
     def close(self) -> None:
-        """Restore the device/stream L2 state and the table's row order."""
+        """Restore the device/stream L2 state and the table's row order; free managed memory."""
+        if self.managed is not None:
+            self.managed.close()
+            self.managed = None
         if self._saved is not None and self.library is not None:
             stream = _stream_handle(self.weight.device)
             self.library.check(self.library.lib.chz_l2_window_restore(stream, self._saved), "restoring the L2 state")
@@ -385,8 +431,8 @@ def bind(variant: str | Variant, weight: Table, *, trace: torch.Tensor | None = 
     if isinstance(weight, QuantizedTable):
         weight = weight.data
     backend = backend or ("cuda" if weight.is_cuda else "emulate")
-    if backend == "cuda" and not weight.is_cuda:
-        raise ConfigError("backend 'cuda' needs the table on the GPU")
+    if backend == "cuda" and not weight.is_cuda and v.host == "none":
+        raise ConfigError("backend 'cuda' needs the table on the GPU (host-resident tables: variants cache, uvm)")
     if backend == "emulate" and weight.is_cuda:
         raise ConfigError("backend 'emulate' runs on the CPU; move the table to the CPU")
     if mode not in ("sum", "mean"):
@@ -399,11 +445,15 @@ def bind(variant: str | Variant, weight: Table, *, trace: torch.Tensor | None = 
     if v.entry is None:
         return TableKernel(v, {}, weight, None, None, mode, padding_idx, dtype, D)
     arch = None
+    device = weight.device
     if backend == "cuda":
-        major, minor = torch.cuda.get_device_capability(weight.device)
+        if not torch.cuda.is_available():
+            raise NoCudaDevice("no CUDA device: backend 'cuda' needs one; use backend 'emulate' on the CPU")
+        device = weight.device if weight.is_cuda else torch.device("cuda", torch.cuda.current_device())
+        major, minor = torch.cuda.get_device_capability(device)
         arch = f"sm_{major}{minor}"
         if gpu is None:
-            found = [d for d in devices() if d.index == (weight.device.index or 0)]
+            found = [d for d in devices() if d.index == (device.index or 0)]
             gpu = found[0].spec() if found else None
     gpu = gpu or gpu_spec(REFERENCE_ARCH)
     p = resolve_params(v, params, arch, gpu, ELEMENT_BYTES[dtype] * D + QPARAM_BYTES[dtype], dtype=dtype)
@@ -415,6 +465,16 @@ def bind(variant: str | Variant, weight: Table, *, trace: torch.Tensor | None = 
         k = p.get("K", 0)
         hot_np = hot_rows_by_frequency(trace, k) if trace is not None else np.empty(0, dtype=np.int64)
         hot = torch.from_numpy(hot_np).to(weight.device)
+    if v.host == "cache":   # the table stays on the host; the GPU (or, emulated, the CPU) holds C rows of it
+        host = weight.detach().cpu()
+        freq = np.bincount(trace.detach().cpu().numpy(), minlength=E) if trace is not None and len(trace) else None
+        p["C"] = min(E, p.get("C") or default_cache_rows(E))
+        cache = HostCache(host, p["C"], device, freq, host.shape[1] * host.element_size())
+        # `weight` stays the table as given (what a reference reads); the kernel reads the cache's slots
+        return TableKernel(v, p, weight, library, None, mode, padding_idx, dtype, D, cache=cache)
+    if v.host == "uvm" and backend == "cuda":   # on the CPU backend the uvm variant reads the table itself
+        table = weight.detach().contiguous()    # the layout the kernel reads its managed copy with
+        return TableKernel(v, p, table, library, None, mode, padding_idx, dtype, D, managed=ManagedTable(table))
     return TableKernel(v, p, weight, library, hot, mode, padding_idx, dtype, D)
 
 
@@ -429,8 +489,8 @@ def run_variant(variant: str | Variant, weight: Table, indices: torch.Tensor, of
         mapped = tk.map_indices(indices)
         tk.prepass()
         out = tk.launch(mapped, offsets, per_sample_weights)
-        if tk.weight.is_cuda:
-            torch.cuda.synchronize(tk.weight.device)
+        if out.output.is_cuda:
+            torch.cuda.synchronize(out.output.device)
         return out
     finally:
         tk.close()

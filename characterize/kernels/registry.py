@@ -67,6 +67,7 @@ class Variant:
     per_sample_weights: bool = False
     honors_cap: bool = True         # False where __launch_bounds__ overrides -maxrregcount
     test_only: bool = False
+    host: str = "none"              # none: table in GPU memory | cache: host table + GPU row cache | uvm: managed
 
     @property
     def block_size(self) -> int:
@@ -97,11 +98,12 @@ class Variant:
             raise UnsupportedShape(f"variant {self.name} supports D <= {self.max_dim}; D={D}")
 
     def resolve_params(self, given: dict[str, Any] | None, *, cap: int | None = None, gpu: Any = None,
-                       row_bytes: int | None = None) -> dict[str, int]:
+                       row_bytes: int | None = None, rows: int | None = None) -> dict[str, int]:
         """Validate user parameters and fill defaults, without compiling anything: `cap`
         is the register cap to use when none is given (`static.default_register_cap`
         computes one); with `gpu` and `row_bytes`, the hot-row count K defaults to the
-        rows fitting the persisting-L2 budget."""
+        rows fitting the persisting-L2 budget; with `rows` (E), the cache's C defaults to
+        DEFAULT_CACHE_RATIO of them."""
         given = dict(given or {})
         known = {p.name: p for p in self.params}
         unknown = set(given) - set(known)
@@ -112,7 +114,7 @@ class Variant:
         for p in self.params:
             value = given.get(p.name, p.default)
             if value is None:
-                value = self._default(p.name, cap, gpu, row_bytes)
+                value = self._default(p.name, cap, gpu, row_bytes, rows)
             if value is None:
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not p.low <= value <= p.high:
@@ -120,11 +122,13 @@ class Variant:
             out[p.name] = int(value)
         return out
 
-    def _default(self, name: str, cap: int | None, gpu: Any, row_bytes: int | None) -> int | None:
+    def _default(self, name: str, cap: int | None, gpu: Any, row_bytes: int | None, rows: int | None) -> int | None:
         if name == "maxrregcount":
             return cap
         if name == "K" and gpu is not None and row_bytes:
             return gpu.rows_in_persisting_l2(row_bytes)
+        if name == "C" and rows:
+            return default_cache_rows(rows)
         return None
 
     def build_spec(self, target: str, arch: str | None, params: dict[str, int], dtype: str = "fp32") -> BuildSpec:
@@ -149,6 +153,16 @@ _CAP = Param("maxrregcount", "register cap passed to nvcc -maxrregcount (default
 _P = Param("P", "prefetch distance: row loads kept in flight per thread (at a register cap of 48, P >= 5 "
                 "spills inside the loop: raise maxrregcount with it; `characterize sass` shows the spills)", 2, 1, 8)
 _K = Param("K", "hot rows kept in L2 (default: the GPU's persisting-L2 budget / row bytes)", None, 1)
+_C = Param("C", "rows of the GPU cache of a host-resident table (default: 1.5% of E, the share at which the "
+                "frequency-aware cache of Fang et al. 2022 reports a decent speed)", None, 1)
+
+#: the cache's default size as a share of E: 1.5% of the embedding parameters on the GPU (Fang et al. 2022)
+DEFAULT_CACHE_RATIO = 0.015
+
+
+def default_cache_rows(E: int, ratio: float = DEFAULT_CACHE_RATIO) -> int:
+    """C for a cache holding `ratio` of a table's E rows (at least one row, at most E)."""
+    return int(min(E, max(1, round(ratio * E))))
 
 VARIANTS: dict[str, Variant] = {}
 
@@ -184,11 +198,23 @@ register(Variant("warp", "ours: sub-warp per bag, shuffled indices, 8 independen
                          "lane (8 whole rows per warp at D=128)",
                  entry="chz_forward_warp", kernel="chz_warp_kernel<{V}, {U}>", block=(256, 1), grid=0,
                  vector_loads=True, max_dim=1024, honors_cap=False))
+register(Variant("cache", "host-resident table in pinned memory with a GPU cache of C rows warmed from the trace's "
+                          "frequencies: per batch unique ids, hits and misses, misses copied from the host with "
+                          "frequency-aware eviction, then base's kernel on cache slots",
+                 entry="chz_forward_base", kernel="chz_base_kernel<false>", params=(_C,), per_sample_weights=True,
+                 host="cache"))
+register(Variant("uvm", "host-resident table in CUDA managed memory: base's kernel reads it and the driver migrates "
+                        "the pages it touches (on the CPU backend it is just the table)",
+                 entry="chz_forward_base", kernel="chz_base_kernel<false>", per_sample_weights=True, host="uvm"))
 register(Variant("wrong", "base with an off-by-one dropping each bag's last index (test-only: the checker must fail)",
                  entry="chz_forward_wrong", kernel="chz_base_kernel<true>", test_only=True))
 
-#: every public variant, in registration order: the order of every table and figure
-VARIANT_ORDER: tuple[str, ...] = tuple(n for n, v in VARIANTS.items() if not v.test_only)
+#: every public variant whose table lives in GPU memory, in registration order: the kernel family an
+#: experiment runs by default, and the order of every table and figure
+VARIANT_ORDER: tuple[str, ...] = tuple(n for n, v in VARIANTS.items() if not v.test_only and v.host == "none")
+#: variants of host-resident tables (GPU row cache, managed memory): named by an experiment, or chosen
+#: for it when its tables do not fit the GPU; each runs base's lookup kernel
+HOST_VARIANTS: tuple[str, ...] = tuple(n for n, v in VARIANTS.items() if not v.test_only and v.host != "none")
 
 
 def get_variant(name: str) -> Variant:

@@ -37,6 +37,7 @@ __all__ = [
     "prediction_figure", "predicted_vs_measured_figure",
     "kernel_duration_figure", "kernel_occupancy_figure", "kernel_stall_figure", "weighted_stall_figure",
     "sol_figure", "memory_chart_figure", "roofline_figure", "sass_figure",
+    "precision_grid_figure", "cache_hit_figure", "host_time_figure", "host_bytes_figure",
 ]
 
 WIDTH_IN = 8.0   # every figure is this wide; heights follow the data
@@ -765,4 +766,99 @@ def sass_figure(d: pd.DataFrame, title: str) -> Figure:
         _style(ax, f"{title}: {arch}", "rows in flight per warp")
     handles, labels = fig.axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, fontsize=FONT - 1, frameon=False, loc="outside lower center", ncols=2)
+    return fig
+
+
+# ------------------------------------------------------- precision and host-resident tables
+def precision_grid_figure(grid: pd.DataFrame, title: str) -> Figure:
+    """Heat map of the predicted speedup over fp32 base per precision (rows) x variant
+    (columns) of one GPU (analysis.model.predict.precision_grid), the value in each cell."""
+    dtypes = list(dict.fromkeys(grid["dtype"]))
+    variants = order_variants(grid["variant"])
+    values = np.full((len(dtypes), len(variants)), np.nan)
+    for r in grid.itertuples():
+        values[dtypes.index(r.dtype), variants.index(r.variant)] = r.speedup_vs_fp32_base
+    fig, ax = _figure(1.2 + 0.45 * len(dtypes))
+    finite = values[np.isfinite(values)]
+    top = float(max(finite.max(), 1.0 / max(finite.min(), 1e-9))) if finite.size else 2.0
+    norm_top = math.log(max(top, 1.01))
+    ax.imshow(np.log(np.where(np.isfinite(values), values, 1.0)), cmap="RdBu", vmin=-norm_top, vmax=norm_top,
+              aspect="auto")
+    for i in range(len(dtypes)):
+        for j in range(len(variants)):
+            v = values[i, j]
+            dark = np.isfinite(v) and abs(math.log(max(v, 1e-9))) > 0.6 * norm_top
+            ax.text(j, i, "–" if not np.isfinite(v) else f"{v:.2f}×", ha="center", va="center", fontsize=FONT - 1,
+                    color="white" if dark else "black")
+    ax.set_xticks(range(len(variants)), [_text(v, 12) for v in variants])
+    ax.set_yticks(range(len(dtypes)), [_text(d, 8) for d in dtypes])
+    _style(ax, title, "table precision")
+    ax.grid(False)
+    return fig
+
+
+def cache_hit_figure(rows: pd.DataFrame, title: str) -> Figure:
+    """Predicted cache hit rate (of a batch's unique rows) against the cache size as a
+    share of the table, one line per dataset (cache variant rows)."""
+    fig, ax = _figure(3.2)
+    for i, ds in enumerate(order_datasets(rows["dataset"])):
+        d = rows[rows["dataset"] == ds].sort_values("cache_ratio")
+        ax.plot(100 * d["cache_ratio"], d["cache_hit_rate_pct"], marker=_MARKERS[i % len(_MARKERS)], markersize=4.5,
+                linewidth=1.6, color=_dataset_color(ds, i), label=_short(ds, 24))
+    _percent_axis(ax, rows["cache_ratio"])
+    ax.set_ylim(0, 103)
+    _style(ax, title, "cache hit rate, unique rows (%)", "GPU cache size, % of the table's rows (log scale)")
+    _legend(ax, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return fig
+
+
+def _percent_axis(ax, ratios: pd.Series) -> None:
+    """A log x axis ticked at the swept shares, labelled in percent."""
+    ax.set_xscale("log")
+    ticks = sorted(set(100 * ratios.dropna().astype(float)))
+    ax.set_xticks(ticks, [f"{t:.3g}%" for t in ticks])
+    ax.minorticks_off()
+
+
+_SPLIT = (("dedup_us", "dedup / map", "#9467bd"), ("transfer_us", "host transfer", "#d62728"),
+          ("lookup_us", "lookup kernel", "#1f77b4"))
+
+
+def host_time_figure(rows: pd.DataFrame, title: str) -> Figure:
+    """Per table launch of the host-resident variants: the time split into dedup/map,
+    host transfer and the lookup kernel, stacked, one bar per (variant, dataset, size)."""
+    labels = [f"{r.variant} {_short(r.dataset, 12)} {100 * r.cache_ratio:.3g}%" for r in rows.itertuples()]
+    fig, ax = _figure(1.0 + 0.28 * len(rows))
+    y = np.arange(len(rows))
+    left = np.zeros(len(rows))
+    for col, label, color in _SPLIT:
+        vals = rows[col].fillna(0.0).to_numpy(dtype=float)
+        ax.barh(y, vals, left=left, color=color, label=label, height=0.7)
+        left += vals
+    ax.set_yticks(y, [_text(t, 36) for t in labels])
+    ax.invert_yaxis()
+    _style(ax, title, None, "time per table launch (µs)")
+    ax.grid(axis="x", color="#dddddd", linewidth=0.6)
+    _legend(ax, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return fig
+
+
+def host_bytes_figure(rows: pd.DataFrame, budget: Mapping[str, float], title: str) -> Figure:
+    """Host bytes per table launch against the cache size, one line per dataset; each
+    dataset's dashed line is what its host link moves in the time of the all-GPU lookup
+    kernel (link bandwidth x base's time): above it, the link, not the GPU, sets the pace."""
+    fig, ax = _figure(3.2)
+    for i, ds in enumerate(order_datasets(rows["dataset"])):
+        d = rows[rows["dataset"] == ds].sort_values("cache_ratio")
+        color = _dataset_color(ds, i)
+        moved = d["host_bytes"].where(d["host_bytes"] > 0)    # a cache that holds every row moves none: no point
+        ax.plot(100 * d["cache_ratio"], moved, marker=_MARKERS[i % len(_MARKERS)],
+                markersize=4.5, linewidth=1.6, color=color, label=f"{_short(ds, 16)}: host bytes")
+        if ds in budget and budget[ds] > 0:
+            ax.axhline(budget[ds], color=color, linewidth=0.9, linestyle="--",
+                       label=_text(f"{_short(ds, 16)}: link x all-GPU time", 40))
+    _percent_axis(ax, rows["cache_ratio"])
+    ax.set_yscale("log")
+    _style(ax, title, "bytes per table launch (log)", "GPU cache size, % of the table's rows (log scale)")
+    _legend(ax, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return fig

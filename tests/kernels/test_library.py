@@ -38,7 +38,9 @@ def table(config, seed=0):
 @pytest.mark.parametrize("preset", PRESETS)
 def test_every_variant_matches_torch_on_odd_shapes(preset):
     results = check_variants(PUBLIC, [preset], WorkloadConfig.tiny(), modes=("sum", "mean"), backend="emulate")
-    assert len(results) == 2 * len(PUBLIC)
+    # one batch per variant and mode, plus the cache over several batches (eviction)
+    assert len([r for r in results if "batches=" not in r.shape]) == 2 * len(PUBLIC)
+    assert len([r for r in results if "batches=" in r.shape]) == 2
     bad = [r for r in results if not r.passed]
     assert not bad, bad
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from characterize.analysis.model.constants import SECTOR, WAVEFRONT, ModelConstants
 from characterize.analysis.model.geometry import _Point
+from characterize.analysis.model.host import cache_terms, uvm_terms
 from characterize.analysis.model.locality import _hit_fraction
 from characterize.config import INDEX_BYTES
 
@@ -24,7 +25,12 @@ def _evaluate(p: _Point, c: ModelConstants) -> dict[str, Any]:
         hot = prof.pinned(k)
         rest = f * max(gpu.l2_bytes - k * rs, 0.0) / rs
         if p.l2 == "prefetch":
-            hot_hit = 1.0
+            # a row pinned within the set-aside (geometry caps K to it) keeps its priority with a
+            # probability to calibrate; the set-aside its lost pins leave is normal L2 again, where
+            # such a row competes with its own reuse distances, as without pinning
+            rest = f * max(gpu.l2_bytes - c.pinned_hit * k * rs, 0.0) / rs
+            kept, unkept = prof.window(k, p.mode)
+            hot_hit = c.pinned_hit + (1 - c.pinned_hit) * (kept + (1 - kept) * _hit_fraction(unkept, rest))
         else:
             kept, unkept = prof.window(k, p.mode)
             hot_hit = kept + (1 - kept) * _hit_fraction(unkept, rest)
@@ -71,7 +77,18 @@ def _evaluate(p: _Point, c: ModelConstants) -> dict[str, Any]:
     time_us = terms_ns[bound] / 1000 + c.launch_overhead_us
     prepass = (p.prepass_rows * rs / (c.hbm_efficiency * gpu.hbm_GBps) / 1000 + c.launch_overhead_us
                if p.prepass_rows else math.nan)
-    return {
+    host: dict[str, Any] = {"cache_rows": math.nan, "cache_hit_rate_pct": math.nan,
+                            "cache_lookup_hit_rate_pct": math.nan, "host_bytes": 0.0, "dedup_us": math.nan,
+                            "transfer_us": math.nan, "lookup_us": math.nan}
+    if p.host == "cache" and p.host_profile is not None:
+        host = cache_terms(p.host_profile.cache(p.cache_rows), gpu, p.row_bytes, N, c.hbm_efficiency,
+                           c.launch_overhead_us, time_us)
+    elif p.host == "uvm" and p.host_profile is not None:
+        host = uvm_terms(p.host_profile.pages(p.row_bytes), gpu, p.uvm_pages, prof.T, p.mode, N, time_us)
+    if p.host != "none":
+        time_us = host.pop("time_us")
+        bound = "host link" if host["transfer_us"] >= max(host["dedup_us"], host["lookup_us"]) else bound
+    return {**host,
         "time_us": time_us, "bound": bound,
         "l1_hit_rate_pct": 100 * l1,
         "l2_hit_rate_pct": 100 * (phi2 / (phi2 + phid) if phi2 + phid > 0 else h2),

@@ -12,11 +12,19 @@ import numpy as np
 import pandas as pd
 
 from characterize.analysis.model.constants import SECTOR, Progress
+from characterize.analysis.model.host import HostProfile
 from characterize.analysis.model.locality import TraceProfile, sectors_per_row
 from characterize.config import WorkloadConfig
 from characterize.errors import ConfigError
-from characterize.hardware import GpuSpec
-from characterize.kernels.registry import ELEMENT_BYTES, Variant, get_variant, vector_elems, warp_group
+from characterize.hardware import UVM_PAGE_BYTES, GpuSpec
+from characterize.kernels.registry import (
+    ELEMENT_BYTES,
+    Variant,
+    default_cache_rows,
+    get_variant,
+    vector_elems,
+    warp_group,
+)
 
 
 # ------------------------------------------------------------- kernel shapes
@@ -53,6 +61,11 @@ class _Point:
     l1: np.ndarray          # sorted L1 distances
     note: str = ""
     dtype: str = "fp32"     # table element type (row_bytes includes an int8 row's scale and bias)
+    host: str = "none"      # none | cache | uvm: where the table lives (kernels.registry.Variant.host)
+    cache_rows: int = 0     # cache: C
+    cache_ratio: float = float("nan")  # cache: C / E; uvm: the share of the table GPU memory can hold
+    uvm_pages: float = 0.0  # uvm: pages of this table GPU memory holds
+    host_profile: HostProfile | None = None
 
     @property
     def waves(self) -> int:
@@ -130,9 +143,29 @@ def _sass_table(sass: Any, dtype: str = "fp32") -> dict[tuple[str, str], tuple[f
             for r in df.itertuples()}
 
 
+def _host_layouts(v: Variant, workload: WorkloadConfig, gpu: GpuSpec, given: dict[str, Any] | None,
+                  cache_ratios: Sequence[float] | None) -> list[dict[str, Any]]:
+    """Where a host-resident variant keeps the table on this GPU: one layout per cache
+    size (cache: C given, else each of `cache_ratios` x E, else the default), or GPU
+    memory left after the traces shared by the T tables as pages (uvm)."""
+    if v.host == "cache":
+        if given and "C" in given:
+            sizes = [int(given["C"])]
+        elif cache_ratios:
+            sizes = [default_cache_rows(workload.E, r) for r in cache_ratios]
+        else:
+            sizes = [default_cache_rows(workload.E)]
+        return [dict(cache_rows=min(C, workload.E), cache_ratio=min(C, workload.E) / workload.E)
+                for C in dict.fromkeys(sizes)]
+    overhead = workload.device_bytes() - (workload.T + 1) * workload.table_bytes
+    share = max(0, gpu.memory_bytes - overhead) / workload.T
+    return [dict(uvm_pages=share / UVM_PAGE_BYTES, cache_ratio=min(1.0, share / workload.table_bytes))]
+
+
 def _prepare(workload: WorkloadConfig, datasets: Sequence[str], variants: Sequence[str], gpus: Sequence[GpuSpec],
              params: Mapping[str, dict[str, Any]], static: Any, sass: Any, tables: int, mode: str,
-             profiles: dict[str, TraceProfile], progress: Progress | None) -> list[_Point]:
+             profiles: dict[str, TraceProfile], progress: Progress | None,
+             cache_ratios: Sequence[float] | None = None) -> list[_Point]:
     names = list(dict.fromkeys(["base", *variants]))
     for v in names:
         get_variant(v).check_shape(workload.D, workload.dtype)
@@ -147,6 +180,7 @@ def _prepare(workload: WorkloadConfig, datasets: Sequence[str], variants: Sequen
                           "characterize.pipeline.predict, which disassembles the builds")
     code = _sass_table(sass, workload.dtype)
     points = []
+    hosts: dict[str, HostProfile] = {}   # one per dataset: replays shared by every GPU
     for ds in datasets:
         if ds not in profiles:
             if progress:
@@ -157,7 +191,7 @@ def _prepare(workload: WorkloadConfig, datasets: Sequence[str], variants: Sequen
         for gpu in gpus:
             for name in names:
                 v = get_variant(name)
-                stand_in = name if v.compiled else "base"
+                stand_in = name if v.compiled and v.host == "none" else "base"   # host variants run base's kernel
                 if (stand_in, gpu.arch) not in table:
                     raise ConfigError(f"no static characterization of {stand_in} for {gpu.arch} ({workload.dtype})")
                 blocks_per_sm, registers = table[(stand_in, gpu.arch)]
@@ -165,12 +199,14 @@ def _prepare(workload: WorkloadConfig, datasets: Sequence[str], variants: Sequen
                     raise ConfigError(f"no SASS analysis of {stand_in} for {gpu.arch} ({workload.dtype})")
                 lat_per_lookup, in_flight, per_lookup = code[(stand_in, gpu.arch)]
                 model_v = v if v.compiled else get_variant("base")
-                p = v.resolve_params(params.get(name), gpu=gpu, row_bytes=workload.row_bytes)
+                p = v.resolve_params(params.get(name), gpu=gpu, row_bytes=workload.row_bytes, rows=workload.E)
                 geo = _geometry(model_v, workload, prof.bags)
                 rs = sectors_per_row(workload.row_bytes) * SECTOR
                 k = min(p.get("K", 0), prof.unique_rows) if v.l2 != "none" else 0
                 k_res = min(k, int(gpu.max_persisting_l2_bytes // rs))
-                points.append(_Point(
+                layouts = _host_layouts(v, workload, gpu, params.get(name), cache_ratios) if v.host != "none" else [{}]
+                host = hosts.setdefault(ds, HostProfile(prof)) if v.host != "none" else None
+                points.extend(_Point(
                     variant=name, dataset=ds, gpu=gpu, family=geo["family"], l2=v.l2,
                     rows_per_step=geo["rows_per_step"], latencies_per_lookup=lat_per_lookup,
                     sass_rows_in_flight=in_flight, instructions_per_lookup=per_lookup, blocks_per_sm=blocks_per_sm, registers=registers,
@@ -179,8 +215,8 @@ def _prepare(workload: WorkloadConfig, datasets: Sequence[str], variants: Sequen
                     row_sector_bytes=rs, chunks=geo["chunks"], group=geo["group"], bytes_per_load=geo["bytes_per_load"],
                     pinned_rows=k_res, prepass_rows=k if v.l2 == "prefetch" else 0, profile=prof, mode=mode,
                     l1=prof.l1_distances(gpu.sm_count, geo["block_num"], geo["block_den"]),
-                    note="" if v.compiled else "PyTorch's kernel, modelled as base (same algorithm and launch)",
-                    dtype=workload.dtype))
+                    note=("" if v.compiled else "PyTorch's kernel, modelled as base (same algorithm and launch)"),
+                    dtype=workload.dtype, host=v.host, host_profile=host, **layout) for layout in layouts)
     return points
 
 

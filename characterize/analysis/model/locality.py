@@ -15,7 +15,7 @@ from characterize.analysis.model.constants import L1_SAMPLE_SMS, MODES, SECTOR
 from characterize.config import WorkloadConfig
 from characterize.errors import ConfigError
 from characterize.workloads.locality import reuse_distances
-from characterize.workloads.traces import load_dataset
+from characterize.workloads.traces import TableTrace, load_dataset
 
 
 # ------------------------------------------------------------------- locality
@@ -95,6 +95,24 @@ class _Stream:
         return self.distances + self.crossed * (tables - 1) * self.unique_per_launch
 
 
+def _compact(traces: list[TableTrace], rows: int) -> tuple[list[TableTrace], int]:
+    """Traces over a table much larger than they read, renumbered to their distinct rows
+    (order kept, so ties by row id break alike): per-row arrays then scale with the trace,
+    not with E, and a table of tens of millions of rows is analyzed in bounded memory."""
+    if rows <= COMPACT_ROWS_PER_LOOKUP * max(tr.indices.size for tr in traces):
+        return traces, rows
+    out, most = [], 1
+    for tr in traces:
+        uniq, inverse = np.unique(tr.indices, return_inverse=True)
+        out.append(TableTrace(inverse.astype(np.int64).reshape(-1), tr.offsets, tr.starts))
+        most = max(most, int(uniq.size))
+    return out, most
+
+
+#: a table with more rows than this many per lookup of its trace is analyzed on its trace's distinct rows
+COMPACT_ROWS_PER_LOOKUP = 4
+
+
 class TraceProfile:
     """Locality of one dataset under one workload: everything the model needs from the
     trace, computed once and shared by every variant, GPU, mode and constant set."""
@@ -104,9 +122,11 @@ class TraceProfile:
             raise ConfigError(f"tables must be in 1..T={workload.T}, got {tables}")
         data = load_dataset(dataset, workload, tables=range(tables))
         self.dataset = dataset
-        self.rows = data.rows
+        self.E = data.rows                        # rows of the table (the trace may read far fewer)
         self.T = workload.T
-        self._traces = data.tables
+        #: each table's row ids as the trace has them (page numbers of managed memory come from these)
+        self.original = [tr.indices for tr in data.tables]
+        self._traces, self.rows = _compact(data.tables, data.rows)
         self._batch = [np.repeat(np.arange(tr.batches), np.diff(tr.starts)) for tr in data.tables]
         self._streams = {"all": [_Stream.of(tr.indices, b, self.rows) for tr, b in zip(self._traces, self._batch)]}
         self.lookups_per_launch = float(np.mean([tr.starts[-1] / tr.batches for tr in self._traces]))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping, Sequence
 
+import numpy as np
 import pandas as pd
 
 from characterize.analysis.calibrate import load_calibration
@@ -21,7 +22,9 @@ COLUMNS = ["variant", "dtype", "dataset", "arch", "gpu", "mode", "constants", "t
            "blocks_per_sm", "registers", "resident_warps", "loads_in_flight", "latencies_per_lookup",
            "instructions_per_lookup", "bytes_per_load", "parallelism",
            "bytes_in_flight_per_sm", "requests", "latency_ns", "index_latency_ns", "step_ns", "waves",
-           "latency_us", "dram_us", "l2_us", "l1_us", "issue_us", "prepass_us", "pinned_rows", "note"]
+           "latency_us", "dram_us", "l2_us", "l1_us", "issue_us", "prepass_us", "pinned_rows",
+           "cache_ratio", "cache_rows", "cache_hit_rate_pct", "cache_lookup_hit_rate_pct", "host_bytes", "host_link",
+           "dedup_us", "transfer_us", "lookup_us", "note"]
 
 
 def _frame(points: Sequence[_Point], consts: Mapping[str, tuple[ModelConstants, str]],
@@ -38,7 +41,8 @@ def _frame(points: Sequence[_Point], consts: Mapping[str, tuple[ModelConstants, 
                      "instructions_per_lookup": p.instructions_per_lookup,
                      "bytes_per_load": p.bytes_per_load, "parallelism": par,
                      "bytes_in_flight_per_sm": par * p.bytes_per_load, "waves": p.waves,
-                     "pinned_rows": p.pinned_rows, "note": p.note, **_evaluate(p, c),
+                     "pinned_rows": p.pinned_rows, "note": p.note, "cache_ratio": p.cache_ratio,
+                     "host_link": p.gpu.host_link if p.host != "none" else "", **_evaluate(p, c),
                      "time_us_low": _evaluate(p, fast)["time_us"], "time_us_high": _evaluate(p, slow)["time_us"]})
     df = pd.DataFrame(rows)
     base = df[df["variant"] == "base"].set_index(["dataset", "gpu"])["time_us"]
@@ -75,7 +79,7 @@ def predict(workload: WorkloadConfig, datasets: Sequence[str], variants: Sequenc
             params: Mapping[str, dict[str, Any]] | None = None,
             constants: ModelConstants | Mapping[str, ModelConstants] | None = None, tables: int = 1,
             mode: str = "steady", static: Any = None, sass: Any = None,
-            progress: Progress | None = None) -> pd.DataFrame:
+            progress: Progress | None = None, cache_ratios: Sequence[float] | None = None) -> pd.DataFrame:
     """Predicted time, hit rates, traffic and the intermediate quantities, one row per
     (variant, dataset, GPU).
 
@@ -86,22 +90,52 @@ def predict(workload: WorkloadConfig, datasets: Sequence[str], variants: Sequenc
     distribution; a trace file may differ per table). `mode`: 'steady' (tables in
     turn, as in production) or 'cold' (L2 flushed before each launch). `static` and
     `sass`: the static characterization and SASS hot-loop rows of the variants (a
-    run's static.csv and sass.csv); the model never compiles.
+    run's static.csv and sass.csv); the model never compiles. `cache_ratios`: cache
+    sizes as shares of E for the cache variant, one row each (C = ratio x E); its rows
+    carry cache_ratio, cache_rows, cache_hit_rate_pct (of the unique rows of a batch),
+    host_bytes (per launch) and the time split dedup_us, transfer_us, lookup_us; uvm
+    rows the share of the table GPU memory holds, the page hit rate and the migrated bytes.
+    Every other row has host_bytes 0 and NaN in the cache columns.
     """
     workload.validate()
     if mode not in MODES:
         raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     gpus = _gpus(archs_or_gpus)
     points = _prepare(workload, list(datasets), list(variants), gpus, params or {}, static, sass, tables, mode, {},
-                      progress)
+                      progress, cache_ratios)
     return _frame(points, _constants_for(gpus, constants), list(variants))
 
 
 def predict_experiment(exp: ExperimentConfig, archs: Iterable[str] | None = None,
-                       progress: Progress | None = None, *, static: Any = None, sass: Any = None
-                       ) -> pd.DataFrame:
+                       progress: Progress | None = None, *, static: Any = None, sass: Any = None,
+                       cache_ratios: Sequence[float] | None = None) -> pd.DataFrame:
     """predict() over an experiment's matrix (its architectures unless `archs` is given)."""
     return predict(exp.workload, exp.datasets, exp.variants, list(archs or exp.archs), params=exp.params,
-                   static=static, sass=sass, progress=progress)
+                   static=static, sass=sass, progress=progress, cache_ratios=cache_ratios)
 
 
+
+
+def precision_grid(pred: pd.DataFrame, reference: str = "fp32") -> pd.DataFrame:
+    """Predicted speedup of each (dtype, variant) over `reference`-precision base, per GPU:
+    the geometric mean over datasets of base's time at the reference precision over the
+    variant's time at its own (steady mode; GPU-resident variants). Columns: gpu, dtype,
+    variant, speedup_vs_fp32_base, datasets (how many entered the mean). Empty when the
+    predictions hold one precision only or none at the reference."""
+    cols = ["gpu", "dtype", "variant", "speedup_vs_fp32_base", "datasets"]
+    need = {"variant", "dtype", "dataset", "gpu", "time_us"}
+    if pred.empty or not need <= set(pred.columns) or pred["dtype"].nunique() < 2:
+        return pd.DataFrame(columns=cols)
+    p = pred[pred["mode"] == "steady"] if "mode" in pred.columns else pred
+    if "cache_ratio" in p.columns:
+        p = p[p["cache_ratio"].isna()]      # host-resident rows have their own panels
+    ref = p[(p["variant"] == "base") & (p["dtype"] == reference)].set_index(["dataset", "gpu"])["time_us"]
+    if ref.empty:
+        return pd.DataFrame(columns=cols)
+    rows = []
+    for (gpu, dtype, variant), g in p.groupby(["gpu", "dtype", "variant"], sort=False):
+        ratios = [ref[(d, gpu)] / t for d, t in zip(g["dataset"], g["time_us"]) if (d, gpu) in ref.index and t > 0]
+        if ratios:
+            rows.append({"gpu": gpu, "dtype": dtype, "variant": variant,
+                         "speedup_vs_fp32_base": float(np.exp(np.mean(np.log(ratios)))), "datasets": len(ratios)})
+    return pd.DataFrame(rows, columns=cols)

@@ -16,7 +16,9 @@ from characterize.analysis import ncu
 from characterize.analysis.calibrate import gmae
 from characterize.analysis.claims import PAPER_CLAIMS
 from characterize.analysis.model.e2e import INFERENCE_STAGES, TRAINING_STAGES, stage_gmae
-from characterize.hardware import DEFAULT_GPU, GPUS
+from characterize.analysis.model.predict import precision_grid
+from characterize.hardware import DEFAULT_GPU, GPUS, HOST_LINKS
+from characterize.kernels.registry import HOST_VARIANTS
 from characterize.report.blocks import (
     CLAMP_NOTE,
     POINT_COLS,
@@ -27,6 +29,7 @@ from characterize.report.blocks import (
     NoteBlock,
     PanelOutput,
     TableBlock,
+    _code,
     _col,
     _figure_block,
     _isnan,
@@ -68,14 +71,18 @@ from characterize.report.layout import (
 )
 from characterize.report.plots import (
     bandwidth_figure,
+    cache_hit_figure,
     coverage_figure,
     dram_figure,
     e2e_stage_figure,
     hit_rate_figure,
+    host_bytes_figure,
+    host_time_figure,
     latency_figure,
     memory_chart_figure,
     occupancy_figure,
     order_datasets,
+    precision_grid_figure,
     predicted_vs_measured_figure,
     prediction_figure,
     prepass_figure,
@@ -139,6 +146,7 @@ def _p_environment(s: RunSource) -> PanelOutput:
                                                        else " (CUDA events on the GPU)") for b in backends)))
         rows.append(("timing clocks", "not locked (CUDA-event timings run at normal clocks)"
                      if not s.emulated else "not applicable (CPU emulation)"))
+    rows += _methodology_rows(s)
     rows.append(("ncu modes (experiment)", ncu_mode_text(m.get("cache_control"), m.get("clock_control"),
                                                          (exp.get("profile") or {}).get("replay_mode"))))
     for st in s.ncu_settings:
@@ -161,6 +169,58 @@ def _p_environment(s: RunSource) -> PanelOutput:
     if steps:
         rows.append(("steps", "; ".join(f"{k}: {v}" for k, v in steps.items())))
     return PanelOutput([_kv(rows)])
+
+
+def _methodology_rows(s: RunSource) -> list[tuple[str, Any]]:
+    """How the measurements were taken: timing method and launch overhead, the check
+    before timing, the clock policy (flagged when bench and profile differ), the
+    replay mode of each separately collected metric, and where the GPU's identity
+    came from."""
+    rows: list[tuple[str, Any]] = []
+    ok = [p for p in s.bench_points if p.get("status") == "ok"]
+    summary = [r for p in ok for r in p.get("summary", [])]
+    methods = sorted({str(r["timing_method"]) for r in summary if r.get("timing_method")})
+    if methods:
+        gap_free = sum(bool(r.get("gap_free")) for r in summary)
+        host = [r["host_launch_us"] for r in summary if r.get("host_launch_us") is not None]
+        gaps = [r["launch_gap_us"] for r in summary if r.get("launch_gap_us") is not None]
+        text = f"{', '.join(methods)}; {gap_free} of {len(summary)} timed mode(s) free of host gaps"
+        if host:
+            text += f"; launch overhead apart: host enqueue {fmt_num(float(np.mean(host)))} us per launch"
+        if gaps and np.isfinite(np.nanmean(gaps)):
+            text += f", device gap {fmt_num(float(np.nanmean(gaps)))} us per launch"
+        rows.append(("timing method", text))
+    checked = [p["check"] for p in s.bench_points if isinstance(p.get("check"), dict)]
+    if checked:
+        bad = sum(not c.get("passed") for c in checked)
+        rows.append(("checked before timing", f"{len(checked)} point(s) against torch on their own data, "
+                                              f"{bad} mismatch(es) (failed points, not timed)"))
+    pol = s.clock_policies
+    if pol:
+        text = "; ".join(f"{stage}: --clock-control {', '.join(cs)}" for stage, cs in pol.items())
+        flag = s.mixed_clocks
+        rows.append(("clock policy", Cell(f"{text}. {flag}", "missing") if flag else text))
+    sampled = [c for p in ok for c in ((p.get("clocks") or {}).get("before"), (p.get("clocks") or {}).get("after"))
+               if c and c.get("sm_clock_MHz")]
+    if sampled:
+        sm = [c["sm_clock_MHz"] for c in sampled]
+        throttled = sorted({r for c in sampled for r in c.get("throttle_reasons", []) if r != "gpu_idle"})
+        rows.append(("clocks sampled (NVML, around each point)",
+                     f"SM {min(sm)}-{max(sm)} MHz; throttle reasons: {', '.join(throttled) or 'none'}"))
+    modes = s.replay_modes
+    if modes:
+        own = {m: v for m, v in modes.items() if m != "default"}
+        text = f"kernel metrics: {', '.join(modes.get('default', ['?']))} replay"
+        if own:
+            text += "; " + ", ".join(f"{m}: {', '.join(v)} replay" for m, v in own.items())
+        rows.append(("ncu replay mode per metric", text))
+    ident = s.identity
+    if ident:
+        device = [k for k, v in ident.items() if k != "table_entry" and not str(v).startswith("spec table")]
+        table = [k for k, v in ident.items() if k != "table_entry" and str(v).startswith("spec table")]
+        rows.append(("GPU identity", f"from the device: {', '.join(device) or 'nothing'}; from the spec table "
+                                     f"({ident.get('table_entry', '?')}): {', '.join(table) or 'nothing'}"))
+    return rows
 
 
 def _p_contents(s: RunSource) -> PanelOutput:
@@ -944,6 +1004,117 @@ def _p_predicted_vs_measured(s: RunSource) -> PanelOutput:
     return PanelOutput(blocks)
 
 
+# ------------------------------------------------- run: precision and host-resident tables
+def _prediction_gpus(s: RunSource, p: pd.DataFrame) -> list[str]:
+    """GPUs of the predictions, the run's own first."""
+    gpus = list(dict.fromkeys(p["gpu"].astype(str))) if "gpu" in p.columns else [""]
+    mine = s.gpu.get("key")
+    return sorted(gpus, key=lambda g: (g != mine, gpus.index(g)))
+
+
+def _p_precision(s: RunSource) -> PanelOutput:
+    grid = precision_grid(s.predictions)
+    if grid.empty:
+        raise Missing("the run predicted one precision only; list more in the experiment (dtypes = [\"fp16\", "
+                      "\"bf16\", \"int8\"]) or run `characterize predict EXP --dtypes all`")
+    blocks: list[Any] = [NoteBlock("Model predictions, not measurements: each cell is base's predicted time on fp32 "
+                                   "tables over the variant's predicted time on that precision (geometric mean over "
+                                   "datasets).", "prediction")]
+    for gpu in _prediction_gpus(s, grid)[:2]:
+        g = grid[grid["gpu"] == gpu]
+        blocks.append(_figure_block(precision_grid_figure(g, f"Predicted speedup over fp32 base, {gpu}"),
+                                    f"Precision x variant ({gpu})", f"{PROVENANCE['model'].label} (PREDICTION), "
+                                    "steady mode", stamp=PREDICTION_STAMP))
+    spec = [("GPU", _code("gpu")), ("dtype", _code("dtype")), ("variant", _code("variant")),
+            ("predicted speedup over fp32 base", _col("speedup_vs_fp32_base", fmt_x)),
+            ("datasets", _col("datasets", fmt_num))]
+    blocks.append(DetailsBlock(f"Precision grid ({len(grid)} rows)", [_table(grid, spec, caption="PREDICTED")]))
+    return PanelOutput(blocks)
+
+
+def _host_rows(s: RunSource, variants: tuple[str, ...] = HOST_VARIANTS) -> pd.DataFrame:
+    p = s.predictions
+    if not {"variant", "cache_ratio", "dataset"} <= set(p.columns):
+        raise Missing("the predictions hold no host-resident variant (cache, uvm): name them in the experiment's "
+                      "variants, or run `characterize predict EXP --cache-ratio 0.5%,1.5%,5%`")
+    h = p[p["variant"].isin(variants) & p["cache_ratio"].notna()]
+    if "mode" in h.columns and (h["mode"] == "steady").any():
+        h = h[h["mode"] == "steady"]
+    if "dtype" in h.columns and len(h):   # the workload's precision (predicted first); extra ones feed the grid
+        h = h[h["dtype"] == p["dtype"].iloc[0]] if (h["dtype"] == p["dtype"].iloc[0]).any() else h
+    if h.empty:
+        raise Missing(f"the predictions hold no {' or '.join(variants)} rows: name "
+                      f"{'it' if len(variants) == 1 else 'them'} in the experiment's variants")
+    return h
+
+
+def _host_prov(s: RunSource) -> str:
+    return f"{PROVENANCE['model'].label} (PREDICTION) from the trace and the GPU's host link (hardware.HOST_LINKS)"
+
+
+def _p_cache_ratio(s: RunSource) -> PanelOutput:
+    h = _host_rows(s, ("cache",))
+    blocks: list[Any] = [NoteBlock("Model predictions, not measurements: the cache's policy replayed on each "
+                                   "dataset's trace (warmed from its frequencies).", "prediction")]
+    gpu = _prediction_gpus(s, h)[0]
+    d = h[h["gpu"].astype(str) == gpu] if gpu else h
+    blocks.append(_figure_block(cache_hit_figure(d, f"Predicted cache hit rate vs cache size ({gpu})"),
+                                "Cache hit rate vs cache ratio", _host_prov(s), stamp=PREDICTION_STAMP))
+    spec = [("dataset", _code("dataset")), ("GPU", _code("gpu")), ("cache (% of E)", _col("cache_ratio", fmt_pct100)),
+            ("C (rows)", _col("cache_rows", fmt_num)), ("predicted hit rate (unique rows)",
+                                                        _col("cache_hit_rate_pct", fmt_pct)),
+            ("predicted hit rate (lookups)", _col("cache_lookup_hit_rate_pct", fmt_pct)),
+            ("share of all-GPU speed", _col("speedup_vs_base", fmt_pct100))]
+    blocks.append(DetailsBlock(f"Cache sizes ({len(h)} rows)", [_table(
+        _order(h), spec, caption=f"PREDICTED for {h['dtype'].iloc[0] if 'dtype' in h.columns else 'the'} tables: "
+        "the cache sizes the run swept; share of all-GPU speed = base's time (tables in GPU memory) / this time")]))
+    return PanelOutput(blocks)
+
+
+def fmt_pct100(v: Any) -> str:
+    """A share (0..1) as a percentage."""
+    return fmt_pct(100 * v) if not _isnan(v) else "–"
+
+
+def _p_host_time(s: RunSource) -> PanelOutput:
+    h = _host_rows(s)
+    gpu = _prediction_gpus(s, h)[0]
+    d = _order(h[h["gpu"].astype(str) == gpu] if gpu else h)
+    blocks: list[Any] = [NoteBlock("Model predictions, not measurements: the parts run one after another "
+                                   "(dedup/map: unique ids and the slot map on the GPU; transfer: the missed rows "
+                                   "gathered on the host and copied in one batch, or managed pages migrated; "
+                                   "lookup: base's kernel on the cache slots).", "prediction")]
+    blocks.append(_figure_block(host_time_figure(d, f"Predicted time per table launch, split ({gpu})"),
+                                "Time breakdown per batch", _host_prov(s), stamp=PREDICTION_STAMP))
+    spec = [*POINT_COLS, ("cache (% of E)", _col("cache_ratio", fmt_pct100)),
+            ("dedup/map (µs)", _col("dedup_us")), ("transfer (µs)", _col("transfer_us")),
+            ("lookup (µs)", _col("lookup_us")), ("total (µs)", _col("time_us"))]
+    blocks.append(DetailsBlock(f"Time split ({len(d)} rows)", [_table(d, spec, caption="PREDICTED, per table "
+                                                                      "launch; a batch is T of them")]))
+    return PanelOutput(blocks)
+
+
+def _p_host_bytes(s: RunSource) -> PanelOutput:
+    h = _host_rows(s)
+    gpu = _prediction_gpus(s, h)[0]
+    d = h[h["gpu"].astype(str) == gpu] if gpu else h
+    cache = d[d["variant"] == "cache"]
+    link = HOST_LINKS.get(str(d["host_link"].iloc[0])) if "host_link" in d.columns else None
+    if cache.empty or link is None:
+        raise Missing("no cache rows with a known host link to set against its bandwidth")
+    budget = {ds: link.GBps * 1e3 * float(g["lookup_us"].iloc[0]) for ds, g in cache.groupby("dataset")}
+    blocks: list[Any] = [NoteBlock(f"Model predictions, not measurements. {link.name}: {link.GBps:g} GB/s "
+                                   f"({link.source.split(';')[0]}).", "prediction")]
+    blocks.append(_figure_block(host_bytes_figure(cache, budget, f"Predicted host bytes vs {link.name} ({gpu})"),
+                                "Host bytes against link bandwidth", _host_prov(s), stamp=PREDICTION_STAMP))
+    spec = [*POINT_COLS, ("cache (% of E)", _col("cache_ratio", fmt_pct100)),
+            ("host bytes per launch", _col("host_bytes", fmt_bytes)), ("link", _code("host_link")),
+            ("transfer (µs)", _col("transfer_us"))]
+    blocks.append(DetailsBlock(f"Host traffic ({len(d)} rows)", [_table(_order(d), spec, caption="PREDICTED; uvm "
+                                                                        "migrates whole 64 KiB pages")]))
+    return PanelOutput(blocks)
+
+
 def _p_failures(s: RunSource) -> PanelOutput:
     f = s.failures  # failed points and unreadable reports (store.Run.failures)
     if f.empty:
@@ -1018,6 +1189,18 @@ RUN_PANELS: tuple[Panel, ...] = (
           lambda s: ("model", s.timing_provenance),
           "predictions for the run's GPU joined with the measured points (and ncu L2 hit rates collected with "
           "--cache-control none)", _p_predicted_vs_measured),
+    Panel("precision", "Precision x variant: predicted speedup over fp32 base", S_MODEL, ("predictions",), ("model",),
+          "predictions.csv rows of every precision the experiment lists (dtypes), base at fp32 as the reference "
+          "(analysis.model.predict.precision_grid)", _p_precision),
+    Panel("cache-ratio", "Host-resident tables: cache hit rate vs cache size", S_MODEL, ("predictions",), ("model",),
+          "predictions.csv rows of the cache variant at each cache size the run swept (analysis.model.host: the "
+          "cache's policy replayed on the trace)", _p_cache_ratio),
+    Panel("host-time", "Host-resident tables: time per batch, split", S_MODEL, ("predictions",), ("model",),
+          "predictions.csv dedup_us, transfer_us and lookup_us of the cache and uvm rows (analysis.model.host)",
+          _p_host_time),
+    Panel("host-bytes", "Host-resident tables: host bytes against the link", S_MODEL, ("predictions",), ("model",),
+          "predictions.csv host_bytes of the cache rows against the host link's bandwidth (hardware.HOST_LINKS) "
+          "times the lookup kernel's predicted time", _p_host_bytes),
     Panel("failures", "Failed points", S_FAIL, (), ("meta",),
           "points whose bench or profile step failed, with the recorded error (Run.failures)", _p_failures),
 )
