@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from characterize.cli.base import (
+    TerminalReporter,
     csv_list,
     echo_err,
     main,
@@ -30,20 +31,32 @@ def _counts(counts: dict[Any, int], suffix: str = "") -> str:
 @click.option("--param", "params", multiple=True, metavar="VARIANT.NAME=VALUE", help="variant parameter, e.g. rpf.P=4")
 @click.option("--dtype", default="fp32", show_default=True,
               help="table element type: fp32, fp16, bf16, int8 (fp32 scale/bias) or int8h (fp16 scale/bias)")
+@click.option("--training", is_flag=True,
+              help="the training step's kernels instead (backward and fused optimizer: cuda-atomic, cuda-sorted, "
+                   "cuda-fused-*), with their registers, spills and occupancy")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-def sass(archs: str, variants: str | None, D: int, params: tuple[str, ...], dtype: str, as_json: bool) -> None:
+def sass(archs: str, variants: str | None, D: int, params: tuple[str, ...], dtype: str, training: bool,
+         as_json: bool) -> None:
     """Disassemble each variant's hot loop: loads by kind and width, spills, shuffles,
     L2 prefetches and the rows each warp keeps in flight (in-order replay)."""
     from characterize.hardware import parse_archs
+    from characterize.kernels.build import BuildTally, observe_builds
     from characterize.kernels.sass import MEMORY_LATENCY, find_cuobjdump
     from characterize.kernels.static import analyze_variants
 
     arch_list = parse_archs(archs)
     start = time.perf_counter()
-    if not as_json:
-        tool = find_cuobjdump()
-        echo_err(f"building (cached builds are reused) and disassembling with {tool.path} ({tool.version}) ...")
-    rows = analyze_variants(csv_list(variants), arch_list, D=D, params=parse_param_overrides(params), dtype=dtype)
+    if training:
+        _training(arch_list, csv_list(variants), D, dtype, as_json)
+        return
+    tool = find_cuobjdump()
+    with TerminalReporter(indent="", quiet=as_json) as reporter, \
+            reporter.task(f"building and disassembling with {tool.path} ({tool.version})") as task:
+        tally = BuildTally.advancing(task)
+        with observe_builds(tally):
+            rows = analyze_variants(csv_list(variants), arch_list, D=D, params=parse_param_overrides(params),
+                                    dtype=dtype)
+        task.finish(f"{tally.summary()}; {len(rows)} kernel(s) disassembled")
     if as_json:
         click.echo(json.dumps([r.to_dict() for r in rows], indent=2))
         return
@@ -58,4 +71,25 @@ def sass(archs: str, variants: str | None, D: int, params: tuple[str, ...], dtyp
                        "prefetches", "latencies_per_iteration", "rows_in_flight", "bytes_in_flight_per_warp"])
     click.echo(f"\nrows in flight per warp = row loads / memory latencies serialized per iteration "
                f"(in-order replay, {MEMORY_LATENCY}-cycle global loads); local_mem_ops are spills inside the loop")
+    echo_err(f"done in {time.perf_counter() - start:.1f} s")
+
+
+def _training(archs: list[str], kernels: list[str] | None, D: int, dtype: str, as_json: bool) -> None:
+    """`sass --training`: each training kernel's static row and hot loop, joined."""
+    from characterize.kernels.training import training_facts
+
+    start = time.perf_counter()
+    facts = training_facts(kernels, archs, D=D, dtype=dtype)
+    if as_json:
+        click.echo(json.dumps(facts.to_dict("records"), indent=2, default=str))
+        return
+    print_rows(facts.to_dict("records"), ["kernel", "arch", "role", "registers", "spill_stores", "spill_loads",
+                                          "blocks_per_sm", "theoretical_occupancy_pct", "instructions",
+                                          "lookups_per_iteration", "row_loads", "index_loads", "atomics",
+                                          "atomic_bits", "local_mem_ops", "latencies_per_iteration",
+                                          "rows_in_flight"])
+    click.echo("\nper hot-loop iteration: row loads gather bag-gradient rows (32 lanes x 32 bits each); atomics are "
+               "global REDs/ATOMs (atomic_bits: what one lane updates); `characterize e2e --backward cuda-*` "
+               "models each kernel from its lookups, instructions, latencies and atomics per iteration and its "
+               "blocks per SM")
     echo_err(f"done in {time.perf_counter() - start:.1f} s")

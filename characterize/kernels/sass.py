@@ -157,6 +157,8 @@ NO_DEST = STORES | frozenset({
     "ACQBULK", "CGAERRBAR", "SYNCS", "UCGABAR_ARV", "UCGABAR_WAIT", "PREEXIT", "BMOV"})
 CONTROL = frozenset({"BRA", "BRX", "JMP", "JMX", "CALL", "RET", "EXIT", "BPT"})
 DOUBLE_OPS = frozenset({"DADD", "DMUL", "DFMA", "DMNMX", "DSETP"})
+#: global atomics: RED (result unused, nothing waits on it) and ATOM (returns the old value)
+ATOMICS = frozenset({"RED", "REDG", "ATOM", "ATOMG"})
 
 _LINE = re.compile(r"^\s*/\*([0-9a-fA-F]{4,})\*/\s+(.*?)\s*;")
 _FUNCTION = re.compile(r"^\s*Function\s*:\s*(\S+)")
@@ -621,6 +623,7 @@ class Classification:
     index_loads: frozenset[int]    # addresses of loads feeding a gather's address
     prefetches: frozenset[int]
     lookups: int                   # distinct index sources among gathers
+    scatters: frozenset[int] = frozenset()  # addresses of atomics whose address comes from a loaded index
 
 
 def _slot(i: Instruction) -> str:
@@ -659,7 +662,7 @@ def classify(path: Sequence[Instruction], passes: int = 3) -> Classification:
             step += 1
             pred = i.predicate.lstrip("!")
             guard = (i.predicate, version.get(pred, 0)) if i.predicate else None
-            if i.is_global_load or i.is_prefetch:
+            if i.is_global_load or i.is_prefetch or i.opcode in ATOMICS:
                 addr = none.union(*(read(r, guard) for r in i.address_regs))
                 if addr:
                     gathers.setdefault(i.address, set()).update(addr)
@@ -691,10 +694,13 @@ def classify(path: Sequence[Instruction], passes: int = 3) -> Classification:
     loads = {i.address for i in path if i.is_global_load}
     rows = frozenset(a for a in gathers if a in loads)
     # a row load reaching another address (a kept register, a pointer chase) stays a
-    # row load; index loads are the loads that feed addresses and gather nothing
-    index = frozenset(r for a in gathers for r in gathers[a] if r in loads and r not in rows)
-    prefetch = frozenset(a for a in gathers if a not in loads)
-    return Classification(rows, index, prefetch, len(set(key_of.values())))
+    # row load; index loads are the loads that feed addresses and gather nothing. Atomics
+    # whose address comes from a loaded index scatter (the backward's RED), they gather nothing
+    atomics = {i.address for i in path if i.opcode in ATOMICS}
+    rows = rows - atomics
+    index = frozenset(r for a in gathers for r in gathers[a] if r in loads and r not in rows and r not in atomics)
+    prefetch = frozenset(a for a in gathers if a not in loads and a not in atomics)
+    return Classification(rows, index, prefetch, len(set(key_of.values())), frozenset(a for a in gathers if a in atomics))
 
 
 @dataclass(frozen=True)
@@ -765,6 +771,8 @@ class LoopRow:
     bytes_in_flight_per_warp: float | None
     dtype: str = "fp32"             # table element type of the build
     qparam_loads: int = 0           # int8: gathered loads of a row's scale and bias (not counted as row loads)
+    atomics: int = 0                # global atomics (RED, ATOM) on the path per iteration
+    atomic_bits: int = 0            # bits one lane's atomics of one iteration update (32 per fp32 RED)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -775,6 +783,17 @@ class LoopRow:
 #: widths of the loads of an int8 row's scale and bias: one each (base, rpf) or both at once (warp);
 #: the values are loaded 8 bits (base, rpf) or 128 bits (warp) wide, so widths tell them apart
 QPARAM_LOAD_BITS = {"int8": frozenset({32, 64}), "int8h": frozenset({16, 32})}
+
+
+def _atomic_bits(i: Instruction) -> int:
+    """Bits one lane's atomic updates: 32 for RED.E.ADD.F32, x2/x4 for the vector forms (F32x2, F32x4),
+    64 for .64 operations."""
+    for m in i.modifiers:
+        if v := re.fullmatch(r"F(16|32)x(\d)", m):
+            return int(v.group(1)) * int(v.group(2))
+        if m in ("64", "U64", "S64", "F64"):
+            return 64
+    return 32
 
 
 def analyze_loop(loop: Loop, *, variant: str = "", arch: str = "", role: str = "lookup",
@@ -819,7 +838,8 @@ def analyze_loop(loop: Loop, *, variant: str = "", arch: str = "", role: str = "
         cycles_per_iteration=round(rep.cycles_per_iteration, 1), latencies_per_iteration=round(lat, 3),
         rows_in_flight=None if in_flight is None else round(in_flight, 2),
         bytes_in_flight_per_warp=None if bytes_in_flight is None else round(bytes_in_flight, 1), dtype=dtype,
-        qparam_loads=len(qparams))
+        qparam_loads=len(qparams), atomics=sum(1 for i in path if i.opcode in ATOMICS),
+        atomic_bits=sum(_atomic_bits(i) for i in path if i.opcode in ATOMICS))
 
 
 def hot_loop(code: KernelCode) -> Loop | None:
@@ -830,7 +850,7 @@ def hot_loop(code: KernelCode) -> Loop | None:
         if not loop.innermost:
             continue
         cls = classify(loop.path)
-        gathers = len(cls.row_loads) + len(cls.prefetches)
+        gathers = len(cls.row_loads) + len(cls.prefetches) + len(cls.scatters)
         if gathers == 0:
             continue
         key = (-gathers, len(loop.path), loop.header)

@@ -3,9 +3,12 @@
 `Dlrm` holds the model (bottom MLP, T tables, dot interaction, top MLP); its
 embedding stage is any variant of the family, bound per table. `inference` runs a
 batch; `training_step` adds the loss, the backward pass and the optimizer, with the
-embedding bag's gradient taken either PyTorch's way (its own sort-based
-`_embedding_bag_backward`) or by an atomic scatter-add (`index_add_`, atomics on a
-GPU), and SGD or row-wise Adagrad on the rows the batch touched.
+embedding bag's gradient taken PyTorch's way (its own sort-based
+`_embedding_bag_backward`), by an atomic scatter-add (`index_add_`, atomics on a GPU),
+or by our own kernels (kernels.training: `cuda-atomic`, `cuda-sorted`, and `cuda-fused`,
+the sorted backward fused with the optimizer), and SGD or row-wise Adagrad on the rows
+the batch touched. Our kernels run on the GPU, or through the CPU emulation on CPU
+tensors; `time_training_kernels` times each alone with CUDA events.
 
 On the CPU this checks correctness at a small size: every variant's step against the
 same step with `torch.nn.functional.embedding_bag` and autograd. On a GPU,
@@ -22,9 +25,12 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
+from characterize.analysis.model.e2e import BACKWARDS
 from characterize.config import DlrmConfig, WorkloadConfig
 from characterize.errors import ConfigError, NoCudaDevice
+from characterize.kernels import training
 from characterize.kernels.library import TableKernel, bind
+from characterize.measure.timing import summarize
 from characterize.workloads.traces import Dataset, generate, load_dataset
 
 
@@ -37,6 +43,10 @@ class Embed:
 
     def rows(self, t: int, idx: torch.Tensor) -> torch.Tensor:
         return idx
+
+    def table_rows(self, t: int, num_rows: int) -> torch.Tensor | None:
+        """Where each original row of table t lives now, or None when the order is unchanged."""
+        return None
 
 
 @dataclass
@@ -155,6 +165,12 @@ class VariantEmbed(Embed):
     def rows(self, t: int, idx: torch.Tensor) -> torch.Tensor:
         return self.kernels[t].map_indices(idx)
 
+    def table_rows(self, t: int, num_rows: int) -> torch.Tensor | None:
+        k = self.kernels[t]
+        if k.variant.l2 != "window":   # only the access-policy window keeps a table reordered
+            return None
+        return k.map_indices(torch.arange(num_rows, device=k.weight.device))
+
 
 @contextmanager
 def embedding_stage(model: Dlrm, variant: str, traces: Sequence[torch.Tensor], backend: str,
@@ -188,11 +204,14 @@ def inference(model: Dlrm, batch: Batch, embed: Embed,
 def embedding_grad(model: Dlrm, t: int, batch: Batch, grad_out: torch.Tensor, how: str,
                    rows: torch.Tensor | None = None) -> torch.Tensor:
     """Dense fp32 gradient of table t: PyTorch's own backward ('sort': on a GPU it sorts
-    the ids and reduces runs of equal rows) or a scatter-add of each lookup's bag
-    gradient ('atomic': index_add_, atomic adds on a GPU). `rows`: the lookups' ids
-    in the table's current order (default: the batch's indices)."""
+    the ids and reduces runs of equal rows), a scatter-add of each lookup's bag
+    gradient ('atomic': index_add_, atomic adds on a GPU), or our kernels ('cuda-atomic',
+    'cuda-sorted'; emulated on CPU tensors). `rows`: the lookups' ids in the table's
+    current order (default: the batch's indices)."""
     E = model.tables[t].shape[0]
     ids = batch.indices[t] if rows is None else rows
+    if how in ("cuda-atomic", "cuda-sorted"):
+        return training.backward(how, grad_out, ids, batch.offsets[t], E)
     if how == "sort":
         empty = torch.empty(0, dtype=torch.int64, device=grad_out.device)
         return torch.ops.aten._embedding_bag_backward(grad_out, ids, batch.offsets[t],
@@ -201,7 +220,15 @@ def embedding_grad(model: Dlrm, t: int, batch: Batch, grad_out: torch.Tensor, ho
     if how == "atomic":
         grad = torch.zeros_like(model.tables[t])
         return grad.index_add_(0, ids, grad_out.index_select(0, batch.offset2bag[t]))
-    raise ConfigError(f"backward must be sort or atomic, got {how!r}")
+    raise ConfigError(f"backward must be sort, atomic, cuda-atomic or cuda-sorted here, got {how!r} "
+                      "(cuda-fused updates the rows itself: training_step)")
+
+
+def _state(model: Dlrm, t: int) -> torch.Tensor:
+    """Table t's row-wise Adagrad state (one fp32 per row, by original row id), created at 0."""
+    while len(model.state) <= t:
+        model.state.append(torch.zeros(model.tables[len(model.state)].shape[0], device=model.tables[t].device))
+    return model.state[t]
 
 
 def update_rows(model: Dlrm, t: int, rows: torch.Tensor, grad: torch.Tensor, optimizer: str, lr: float,
@@ -215,9 +242,7 @@ def update_rows(model: Dlrm, t: int, rows: torch.Tensor, grad: torch.Tensor, opt
     if optimizer == "sgd":
         w.index_add_(0, rows, g, alpha=-lr)
     elif optimizer == "rowwise_adagrad":
-        while len(model.state) <= t:
-            model.state.append(torch.zeros(model.tables[len(model.state)].shape[0], device=w.device))
-        s, at = model.state[t], rows if state_rows is None else state_rows
+        s, at = _state(model, t), rows if state_rows is None else state_rows
         s.index_add_(0, at, (g * g).mean(dim=1))
         w.index_add_(0, rows, g / (s.index_select(0, at).sqrt() + eps).unsqueeze(1), alpha=-lr)
     else:
@@ -228,7 +253,12 @@ def training_step(model: Dlrm, batch: Batch, embed: Embed, *, backward: str = "s
                   lr: float = 0.05, marks: dict[str, tuple[torch.cuda.Event, torch.cuda.Event]] | None = None
                   ) -> torch.Tensor:
     """Forward, binary cross-entropy, backward and the optimizer; returns the loss.
-    The MLPs always take plain SGD; `optimizer` chooses the tables' update."""
+    The MLPs always take plain SGD; `optimizer` chooses the tables' update. With
+    backward 'cuda-fused' the embedding backward stage updates the tables itself (the
+    fused kernel) and the optimizer stage updates only the MLPs."""
+    fused = backward == "cuda-fused"
+    if fused:
+        training.kernel_for(backward, optimizer)
     with _stage("training/bottom_mlp", marks):
         x = model.bottom(batch.dense)
     with _stage("training/embedding", marks):
@@ -244,9 +274,17 @@ def training_step(model: Dlrm, batch: Batch, embed: Embed, *, backward: str = "s
     with _stage("training/mlp_interaction_backward", marks):
         grads = torch.autograd.grad(loss, params + leaves)
     with _stage("training/embedding_backward", marks):
-        ids = [embed.rows(t, batch.indices[t]) for t in range(len(model.tables))]
-        table_grads = [embedding_grad(model, t, batch, g, backward, ids[t])
-                       for t, g in enumerate(grads[len(params):])]
+        if fused:
+            for t, g in enumerate(grads[len(params):]):
+                w = model.tables[t]
+                training.fused_update(w, g, batch.indices[t], batch.offsets[t], optimizer=optimizer, lr=lr,
+                                      momentum=_state(model, t) if optimizer == "rowwise_adagrad" else None,
+                                      table_rows=embed.table_rows(t, w.shape[0]))
+            table_grads = []
+        else:
+            ids = [embed.rows(t, batch.indices[t]) for t in range(len(model.tables))]
+            table_grads = [embedding_grad(model, t, batch, g, backward, ids[t])
+                           for t, g in enumerate(grads[len(params):])]
     with _stage("training/optimizer", marks):
         with torch.no_grad():
             for prm, g in zip(params, grads[:len(params)]):
@@ -305,7 +343,7 @@ CHECK_TOLERANCE = 1e-4
 
 
 def check_pipeline(variants: Sequence[str], dataset: str = "medium", *, backend: str = "emulate",
-                   backwards: Sequence[str] = ("sort", "atomic"),
+                   backwards: Sequence[str] = BACKWARDS,
                    optimizers: Sequence[str] = ("sgd", "rowwise_adagrad")) -> list[dict]:
     """Every variant's inference and training step against the reference, at a small
     odd size (T=3, E=1009, D=12, B=37, L=0..9 with empty bags and duplicate ids):
@@ -379,4 +417,69 @@ def measure_step(wl: WorkloadConfig, dlrm: DlrmConfig, variants: Sequence[str], 
                         rows.append({"variant": v, "dataset": dataset, "phase": phase, "stage": stage,
                                      "time_us": mean, "time_us_low": mean - half, "time_us_high": mean + half,
                                      "source": "measured"})
+    return rows
+
+
+#: spin before each timed launch, so the events bracket device work only (the host's
+#: ctypes launch, 10-20 us, happens while the GPU spins)
+_DELAY_CYCLES = 50_000
+
+
+def time_training_kernels(wl: WorkloadConfig, datasets: Sequence[str], kernels: Sequence[str] | None = None, *,
+                          reps: int = 30, warmup: int = 3, lr: float = 0.05, seed: int = 0) -> list[dict]:
+    """Each training kernel alone on this GPU, per (kernel, dataset), over the T tables
+    of batch 0: CUDA events around each launch (queued behind a spin so the host's launch
+    cost stays outside), `reps` repetitions per table after `warmup`; and once per table
+    the preparation in torch (bag layout, index checks and, for the sorted kernels, the
+    sort by row: torch.sort + unique_consecutive), whose host syncs count. Rows: kernel,
+    dataset, stage ('kernel', 'zero_gradient' or 'prepare'), time_us (mean per table),
+    time_us_low, time_us_high (95% CI), source ('measured'), reps."""
+    device = require_cuda()
+    names = list(kernels) if kernels is not None else list(training.TRAINING_ORDER)
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for dataset in datasets:
+        ds = load_dataset(dataset, wl)
+        inputs = []
+        for tr_ in ds.tables:
+            i, o = tr_.batch(0)
+            idx = torch.as_tensor(i, dtype=torch.int64, device=device)
+            off = torch.as_tensor(o, dtype=torch.int64, device=device)
+            inputs.append((idx, off, (torch.rand(off.numel(), wl.D, generator=g) - 0.5).to(device)))
+        for name in names:
+            k = training.get_training_kernel(name)
+            samples: dict[str, list[float]] = {}
+            for idx, off, grad_out in inputs:
+                table = torch.zeros(wl.E, wl.D, device=device)
+                momentum = torch.zeros(wl.E, device=device)
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                if k.optimizer:
+                    bound = training.bind_update(table, grad_out, idx, off, optimizer=k.optimizer, lr=lr,
+                                                 momentum=momentum)
+                else:
+                    bound = training.bind_backward(name, grad_out, idx, off, wl.E)
+                end.record()
+                torch.cuda.synchronize()
+                samples.setdefault("prepare", []).append(start.elapsed_time(end) * 1e3)
+                for rep in range(warmup + reps):
+                    events = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+                    torch.cuda._sleep(_DELAY_CYCLES)
+                    events[0].record()
+                    if bound.grad is not None:
+                        bound.grad.zero_()
+                    events[1].record()
+                    bound.launch()
+                    events[2].record()
+                    torch.cuda.synchronize()
+                    if rep >= warmup:
+                        if bound.grad is not None:
+                            samples.setdefault("zero_gradient", []).append(events[0].elapsed_time(events[1]) * 1e3)
+                        samples.setdefault("kernel", []).append(events[1].elapsed_time(events[2]) * 1e3)
+            for stage, ts in samples.items():
+                st = summarize(ts)
+                half = st.ci95 if st.n > 1 else 0.0
+                rows.append({"kernel": name, "dataset": dataset, "stage": stage, "time_us": st.mean,
+                             "time_us_low": st.mean - half, "time_us_high": st.mean + half, "source": "measured",
+                             "reps": st.n})
     return rows

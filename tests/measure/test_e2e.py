@@ -10,22 +10,44 @@ import torch
 from click.testing import CliRunner
 
 from characterize.analysis.model.constants import ModelConstants
-from characterize.analysis.model.e2e import INFERENCE_STAGES, TRAINING_STAGES, Overheads, predict_step, walk
+from characterize.analysis.model.e2e import (
+    BACKWARDS,
+    INFERENCE_STAGES,
+    TRAINING_STAGES,
+    KernelFacts,
+    Overheads,
+    predict_step,
+    training_kernel_us,
+    walk,
+)
 from characterize.cli import main
 from characterize.cli.e2e import E2E_KEYS
 from characterize.config import DlrmConfig, WorkloadConfig
-from characterize.errors import ConfigError
+from characterize.errors import ConfigError, ToolchainNotFound
 from characterize.hardware import gpu_spec
 from characterize.kernels.registry import VARIANT_ORDER
+from characterize.kernels.training import CUDA_BACKWARDS, training_facts
 from characterize.measure import e2e
 
 
 def test_every_variant_runs_the_step_like_autograd_and_wrong_does_not():
-    checks = pd.DataFrame(e2e.check_pipeline([*VARIANT_ORDER, "wrong"]))
+    checks = pd.DataFrame(e2e.check_pipeline([*VARIANT_ORDER, "wrong"], backwards=("sort", "atomic")))
     ok = checks[checks["variant"] != "wrong"]
     assert ok["ok"].all(), ok[~ok["ok"]]
     assert set(ok["backward"]) == {"", "sort", "atomic"} and set(ok["optimizer"]) == {"", "sgd", "rowwise_adagrad"}
     assert not checks[checks["variant"] == "wrong"]["ok"].any()
+
+
+def test_our_training_kernels_run_the_step_like_autograd_through_the_emulator():
+    """cuda-atomic, cuda-sorted and cuda-fused (SGD and row-wise Adagrad fused into the
+    backward) on the CPU emulator, two steps running; l2w keeps its table reordered while
+    bound, so the fused update must find each row where it lives and its momentum by id."""
+    checks = pd.DataFrame(e2e.check_pipeline(["base", "l2w", "wrong"], backwards=CUDA_BACKWARDS))
+    ok = checks[checks["variant"] != "wrong"]
+    assert ok["ok"].all(), ok[~ok["ok"]]
+    assert set(ok["backward"]) == {"", *CUDA_BACKWARDS} and len(ok) == 2 * (1 + 3 * 2)
+    assert not checks[checks["variant"] == "wrong"]["ok"].any()
+    assert set(CUDA_BACKWARDS) < set(BACKWARDS)
 
 
 def test_backwards_agree_on_duplicate_ids_in_one_bag():
@@ -36,10 +58,12 @@ def test_backwards_agree_on_duplicate_ids_in_one_bag():
     batch = e2e.Batch(torch.rand(2, 5), [idx], [off], [torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])],
                       [torch.tensor([4, 4])], torch.ones(2, 1))
     g = torch.rand(2, 3)
-    sort, atomic = (e2e.embedding_grad(model, 0, batch, g, how) for how in ("sort", "atomic"))
     w = model.tables[0].clone().requires_grad_(True)
     (auto,) = torch.autograd.grad(torch.nn.functional.embedding_bag(idx, w, off, mode="sum"), w, g)
-    assert torch.allclose(sort, auto) and torch.allclose(atomic, auto)
+    for how in ("sort", "atomic", "cuda-atomic", "cuda-sorted"):
+        assert torch.allclose(e2e.embedding_grad(model, 0, batch, g, how), auto), how
+    with pytest.raises(ConfigError, match="cuda-fused"):
+        e2e.embedding_grad(model, 0, batch, g, "cuda-fused")
     assert torch.allclose(auto[2], 3 * g[0]) and torch.allclose(auto[5], g[0] + 2 * g[1])
 
 
@@ -121,3 +145,86 @@ def test_stage_gmae_joins_measured_and_predicted_stages():
     g = stage_gmae(rows).set_index("stage")
     assert g.loc["embedding", "gmae"] == pytest.approx(0.2) and g.loc["step", "gmae"] == pytest.approx(1e-4)  # floored
     assert stage_gmae(rows[rows["source"] == "predicted"]).empty
+
+
+def _missing_tools() -> str | None:
+    from characterize.kernels.build import find_nvcc
+    from characterize.kernels.sass import find_cuobjdump
+
+    try:
+        find_cuobjdump()
+        find_nvcc()
+    except ToolchainNotFound as e:
+        return str(e)
+    return None
+
+
+needs_tools = pytest.mark.skipif(_missing_tools() is not None, reason=f"cuobjdump or nvcc missing: {_missing_tools()}")
+
+
+@needs_tools
+def test_our_backward_is_modelled_from_its_compiled_code():
+    g = gpu_spec("sm_80")
+    wl = WorkloadConfig.paper()
+    facts = training_facts(archs=["sm_80"])
+    c = {g.key: ModelConstants.defaults(g)}
+    step = {}
+    for how, opt in (("sort", "sgd"), ("cuda-atomic", "sgd"), ("cuda-sorted", "sgd"), ("cuda-fused", "sgd")):
+        df = predict_step(wl, DlrmConfig(), _embedding(), [g], c, {"medium": 90_000.0}, phases=("training",),
+                          backward=how, optimizer=opt, training=facts, hottest={"medium": 1800.0})
+        step[how] = df[df["variant"] == "base"].set_index("stage")["time_us"]
+    # fused: the tables' update happens in the backward, the optimizer stage keeps the MLPs
+    assert step["cuda-fused"]["optimizer"] < 0.05 * step["cuda-sorted"]["optimizer"]
+    assert step["cuda-fused"]["total"] < step["cuda-sorted"]["total"]
+    # the SASS facts drive the kernel's time: fewer serialized latencies, a shorter latency term
+    f = KernelFacts.from_row(facts[facts["kernel"] == "cuda-sorted"].iloc[0])
+    fast = KernelFacts(**{**f.__dict__, "latencies_per_iteration": f.latencies_per_iteration / 4})
+    terms = training_kernel_us(f, wl, 90_000.0, 1800.0, g, c[g.key])
+    assert training_kernel_us(fast, wl, 90_000.0, 1800.0, g, c[g.key])["latency"] == pytest.approx(
+        terms["latency"] / 4)
+    # one warp walks the hottest row's segment, split into chunks of about its square root
+    # beyond 64 lookups: a hotter row costs more, but far less than walking it whole
+    hot = training_kernel_us(f, wl, 90_000.0, 300_000.0, g, c[g.key])
+    whole = 300_000 / 4 * f.latencies_per_iteration * c[g.key].l2_latency_ns / 1000
+    assert terms["latency"] < hot["latency"] < whole / 50
+    atomic = KernelFacts.from_row(facts[facts["kernel"] == "cuda-atomic"].iloc[0])
+    a = training_kernel_us(atomic, wl, 90_000.0, 1800.0, g, c[g.key])
+    assert a["atomics"] > 0 and a["l2"] == 0.0   # it scatters; it gathers nothing
+    with pytest.raises(ConfigError, match="facts"):
+        predict_step(wl, DlrmConfig(), _embedding(), [g], c, {"medium": 90_000.0}, backward="cuda-atomic")
+
+
+@needs_tools
+def test_cli_sass_training_and_e2e_with_our_backward(tmp_path):
+    res = CliRunner().invoke(main, ["sass", "--training", "--arch", "sm_90", "--D", "64", "--json"])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout)
+    assert {r["kernel"] for r in rows} == {"cuda-atomic", "cuda-sorted", "cuda-fused-sgd",
+                                           "cuda-fused-rowwise_adagrad"}
+    assert all(r["arch"] == "sm_90" and r["registers"] > 0 for r in rows)
+    bad = CliRunner().invoke(main, ["sass", "--training", "--D", "300"])
+    assert bad.exit_code != 0 and "D <= 256" in bad.output and "Traceback" not in bad.output
+    toml = tmp_path / "e.toml"
+    toml.write_text('name = "e"\ndatasets = ["high"]\nvariants = ["base"]\narchs = ["sm_80"]\n'
+                    '[workload]\nT = 2\nE = 20000\nD = 64\nB = 128\nL = "10"\nbatches = 2\n')
+    res = CliRunner().invoke(main, ["e2e", str(toml), "--bottom", "32-64", "--backward", "cuda-fused", "--optimizer",
+                                    "rowwise_adagrad", "--json"])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout)
+    assert any(r["stage"] == "embedding_backward" and r["time_us"] > 0 for r in rows)
+
+
+@pytest.mark.gpu
+def test_training_kernels_are_timed_on_the_gpu():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU on this machine")
+    wl = WorkloadConfig(T=2, E=50_000, D=64, B=256, L=20, batches=2)
+    rows = pd.DataFrame(e2e.time_training_kernels(wl, ["medium"], reps=5))
+    assert set(rows["kernel"]) == set(CUDA_BACKWARDS[:2]) | {"cuda-fused-sgd", "cuda-fused-rowwise_adagrad"}
+    assert (rows["time_us"] > 0).all() and set(rows["source"]) == {"measured"}
+    assert {"kernel", "prepare", "zero_gradient"} <= set(rows["stage"])
+    wl_big = WorkloadConfig(T=1, E=50_000, D=64, B=256, L=20, batches=1)
+    step = pd.DataFrame(e2e.measure_step(wl_big, DlrmConfig(bottom=(32, 64), top=(16, 1)), ["base"], ["medium"],
+                                         phases=("training",), backward="cuda-fused", optimizer="rowwise_adagrad",
+                                         reps=3))
+    assert (step[step["stage"] == "embedding_backward"]["time_us"] > 0).all()

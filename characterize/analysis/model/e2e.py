@@ -11,16 +11,19 @@ issued and the previous kernel has finished. Active time is the sum of kernel ti
 idle time is what the walk adds (dispatch gaps, the input copy, launch overheads).
 
 Training adds the backward pass (two GEMMs per forward GEMM, the interaction's
-gradient, the embedding bag's gradient: sort-based as PyTorch does it, or an atomic
-scatter-add) and the optimizer (SGD, or row-wise Adagrad with one fp32 state per row)
-on the rows the batch touched.
+gradient, the embedding bag's gradient: sort-based as PyTorch does it, an atomic
+scatter-add, or our kernels of kernels.training) and the optimizer (SGD, or row-wise
+Adagrad with one fp32 state per row) on the rows the batch touched. Our kernels are
+modelled from their compiled code (training_kernel_us): resident warps from the static
+occupancy, and from the SASS the hot loop's lookups, instructions, serialized memory
+latencies and atomics per iteration; the atomics' L2 throughput is an assumption.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import pandas as pd
 
@@ -29,13 +32,14 @@ from characterize.analysis.model.constants import ModelConstants
 from characterize.config import INDEX_BYTES, DlrmConfig, WorkloadConfig
 from characterize.errors import ConfigError
 from characterize.hardware import GpuSpec
+from characterize.kernels.training_registry import CUDA_BACKWARDS, OPTIMIZERS, kernel_for, segment_chunk
 
 #: the stages of one batch, in execution order (also the order of the report's stacked bars)
 INFERENCE_STAGES = ("input_copy", "bottom_mlp", "embedding", "interaction", "top_mlp")
 TRAINING_STAGES = INFERENCE_STAGES + ("top_mlp_backward", "interaction_backward", "bottom_mlp_backward",
                                       "embedding_backward", "optimizer")
-BACKWARDS = ("sort", "atomic")
-OPTIMIZERS = ("sgd", "rowwise_adagrad")
+#: PyTorch's sort-based backward, its index_add_ scatter, and our kernels (kernels.training)
+BACKWARDS = ("sort", "atomic", *CUDA_BACKWARDS)
 FP32 = 4
 
 
@@ -115,41 +119,152 @@ def _interaction(T: int, D: int, B: int, backward: bool, gpu: GpuSpec, c: ModelC
             _op(stage, "concat dense", 0, out_bytes, gpu, c, o, band)]
 
 
+#: the columns of a training-kernel facts frame (kernels.training.training_facts) the model reads
+FACT_COLUMNS = ("kernel", "arch", "blocks_per_sm", "warps_per_block", "instructions", "lookups_per_iteration",
+                "latencies_per_iteration", "atomics", "atomic_bits")
+
+
+@dataclass(frozen=True)
+class KernelFacts:
+    """What one training kernel's compiled code says, for one architecture: resident
+    blocks per SM (static), and per iteration of its hot loop (SASS) the lookups it
+    handles, its instructions, the memory latencies it serializes and its atomics."""
+
+    kernel: str
+    blocks_per_sm: int
+    warps_per_block: int
+    instructions: int
+    lookups_per_iteration: int
+    latencies_per_iteration: float
+    atomics: int
+    atomic_bits: int           # bits one lane's atomics of one iteration update
+
+    @classmethod
+    def from_row(cls, r: Mapping) -> "KernelFacts":
+        return cls(str(r["kernel"]), int(r["blocks_per_sm"]), int(r["warps_per_block"]), int(r["instructions"]),
+                   max(1, int(r["lookups_per_iteration"])), float(r["latencies_per_iteration"]), int(r["atomics"]),
+                   int(r["atomic_bits"]))
+
+
+def facts_for(training: pd.DataFrame | None, kernel: str, arch: str) -> KernelFacts:
+    """The facts of `kernel` on `arch` from a training_facts frame, or ConfigError naming
+    what to compute (`characterize sass --training`)."""
+    if training is not None and not training.empty:
+        hit = training[(training["kernel"] == kernel) & (training["arch"] == arch)]
+        if not hit.empty:
+            return KernelFacts.from_row(hit.iloc[0])
+    raise ConfigError(f"no static/SASS facts for the training kernel {kernel} on {arch}: the model of our "
+                      "backward reads them from the compiled code (kernels.training.training_facts)")
+
+
+def training_kernel_us(f: KernelFacts, wl: WorkloadConfig, unique_rows: float, hottest_lookups: float,
+                       gpu: GpuSpec, c: ModelConstants) -> dict[str, float]:
+    """One table's launch of one of our training kernels: the max of its terms, plus the
+    launch overhead. Terms (us), each named after what bounds it:
+
+    - latency: the SASS's memory latencies per hot-loop iteration x the iterations a warp
+      runs, over the warps resident at once (static blocks/SM x warps/block x SMs, at most
+      one per bag or unique row); a sorted kernel's warp runs a whole segment, or a chunk
+      of one split at segment_chunk(hottest) lookups, so the hottest row bounds it from
+      below, plus, when split, the pass adding that row's partial rows (4 per wait, as
+      the hot loop: its SASS waits 0.9 latencies per 4 partial rows too). A wait lasts an
+      L2 hit while the batch's bag gradients fit the effective L2 (B x D x 4 bytes), else
+      a DRAM access.
+    - issue: hot-loop instructions per lookup (SASS) x lookups, at one warp instruction
+      per cycle per SM sub-partition.
+    - atomics: the bytes the SASS's atomics update per lookup (lanes x bits), each read
+      and written at L2 at half the L2 bandwidth, as for index_add_ (an assumption, not
+      read from the SASS).
+    - l2: the gathered bag-gradient rows (sorted, fused) at the L2 bandwidth.
+    - dram: ids, bag gradients, and what the kernel writes (dense-gradient rows, or the
+      table rows read and written and the Adagrad momentum), at the achievable HBM rate.
+    """
+    N = wl.B * wl.L.mean
+    grad_row = FP32 * wl.D
+    chunk = segment_chunk(hottest_lookups)
+    # a warp's unit of work: a bag (atomic), or a unique row's segment or one chunk of a split one
+    items = wl.B if f.kernel == "cuda-atomic" else max(unique_rows, N / chunk, 1.0)
+    lookups_per_item = N / items
+    resident = f.blocks_per_sm * f.warps_per_block * gpu.sm_count
+    wait_ns = c.l2_latency_ns if wl.B * grad_row <= c.l2_capacity_factor * gpu.l2_bytes else c.dram_latency_ns
+    per_iteration_ns = f.latencies_per_iteration * wait_ns
+    waves = math.ceil(items / resident)
+    latency = waves * (lookups_per_item / f.lookups_per_iteration) * per_iteration_ns
+    split = 0.0
+    if f.kernel != "cuda-atomic":   # one warp walks the hottest row's segment, or a chunk of it
+        latency = max(latency, min(hottest_lookups, chunk) / f.lookups_per_iteration * per_iteration_ns)
+        if hottest_lookups > chunk:   # then its warp adds the chunks' partial rows, 4 per wait
+            latency += math.ceil(math.ceil(hottest_lookups / chunk) / 4) * per_iteration_ns
+            split = N / chunk          # at most this many partial rows written and read back
+    clock_per_us = gpu.boost_clock_MHz   # cycles per us
+    issue = N * f.instructions / f.lookups_per_iteration / (gpu.archspec.sub_partitions * gpu.sm_count * clock_per_us)
+    atomic_bytes = N * f.atomic_bits * gpu.archspec.warp_size / 8 / f.lookups_per_iteration
+    atomics = 2 * atomic_bytes / (0.5 * gpu.l2_GBps * 1e3)
+    gathered = 0.0 if f.kernel == "cuda-atomic" else N * grad_row + 2 * split * grad_row
+    l2 = gathered / (gpu.l2_GBps * 1e3)
+    dram_bytes = N * INDEX_BYTES + wl.B * grad_row
+    if f.kernel in ("cuda-atomic", "cuda-sorted"):
+        dram_bytes += unique_rows * grad_row                       # the gradient rows written back
+    else:
+        dram_bytes += unique_rows * (2 * wl.row_bytes + 2 * INDEX_BYTES)   # rows read + written, segment arrays
+        if f.kernel.endswith("rowwise_adagrad"):
+            dram_bytes += unique_rows * 2 * FP32                   # the momentum read + written
+    dram = dram_bytes / (c.hbm_efficiency * gpu.hbm_GBps * 1e3)
+    terms = {"latency": latency / 1000, "issue": issue, "atomics": atomics, "l2": l2, "dram": dram}
+    launches = 2 if split else 1      # the chunk pass, then the segment pass
+    return terms | {"time": max(terms.values()) + launches * c.launch_overhead_us}
+
+
 def _embedding_backward(wl: WorkloadConfig, unique_rows: float, how: str, gpu: GpuSpec, c: ModelConstants,
-                        o: Overheads, band: tuple[ModelConstants, ModelConstants]) -> list[Op]:
-    """Per table, into a dense gradient (zeroed first). Sort: radix-sort (index, position) pairs (3 passes of 8-byte keys and
-    values for up to 2^24 rows), then reduce each run of equal rows (reads each
-    lookup's bag gradient, writes one gradient row per unique row). Atomic: one fp32
-    atomic add per lookup element into a dense gradient, served by L2 (the gradient of
-    a batch's rows fits it), at half the L2 bandwidth (read-modify-write)."""
+                        o: Overheads, band: tuple[ModelConstants, ModelConstants], *, optimizer: str = "sgd",
+                        facts: KernelFacts | None = None, hottest_lookups: float = 0.0) -> list[Op]:
+    """Per table. PyTorch's ways produce a dense gradient (zeroed first). Sort:
+    radix-sort (index, position) pairs (3 passes of 8-byte keys and values for up to
+    2^24 rows), then reduce each run of equal rows (reads each lookup's bag gradient,
+    writes one gradient row per unique row). Atomic (index_add_): one fp32 atomic add
+    per lookup element into the dense gradient, served by L2 (the gradient of a batch's
+    rows fits it), at half the L2 bandwidth (read-modify-write). Ours (cuda-*): the bag
+    layout in torch, the sort by row (cuda-sorted, cuda-fused), the zeroed gradient
+    (not for cuda-fused, which writes no gradient) and the kernel, modelled from its
+    static and SASS facts (training_kernel_us)."""
     N = wl.B * wl.L.mean
     row = wl.row_bytes
+    passes = max(1, math.ceil(math.log2(max(wl.E, 2)) / 8))
     ops: list[Op] = []
     for t in range(wl.T):
-        # both produce a dense gradient (as PyTorch's dense backward does): zero it first
-        ops.append(_op("embedding_backward", f"zero gradient table {t}", 0, wl.E * row, gpu, c, o, band))
-        if how == "sort":
-            passes = max(1, math.ceil(math.log2(max(wl.E, 2)) / 8))
+        if how != "cuda-fused":   # a dense gradient, as PyTorch's dense backward gives: zero it first
+            ops.append(_op("embedding_backward", f"zero gradient table {t}", 0, wl.E * FP32 * wl.D, gpu, c, o,
+                           band))
+        if how in ("sort", "cuda-sorted", "cuda-fused"):
             ops.append(_op("embedding_backward", f"sort ids table {t}", 0, passes * 2 * 16 * N, gpu, c, o, band))
+        if how == "sort":
             ops.append(_op("embedding_backward", f"segment reduce table {t}", 0, N * row + unique_rows * row
                            + N * INDEX_BYTES, gpu, c, o, band))
-        else:
+        elif how == "atomic":
             def atomic(cc: ModelConstants) -> float:
                 return 2 * N * row / (0.5 * gpu.l2_GBps * 1e3) + cc.launch_overhead_us
             ops.append(Op("embedding_backward", f"atomic scatter-add table {t}", atomic(c), atomic(band[0]),
                           atomic(band[1])))
+        else:
+            if facts is None:
+                raise ConfigError(f"backward {how} needs the kernel's static/SASS facts")
+            ops.append(_op("embedding_backward", f"bag layout table {t}", 0, 2 * N * INDEX_BYTES, gpu, c, o, band))
+            times = [training_kernel_us(facts, wl, unique_rows, hottest_lookups, gpu, cc)["time"]
+                     for cc in (c, *band)]
+            ops.append(Op("embedding_backward", f"{facts.kernel} table {t}", *times))
     return ops
 
 
 def _optimizer(wl: WorkloadConfig, unique_rows: float, optimizer: str, dlrm: DlrmConfig, gpu: GpuSpec,
-               c: ModelConstants, o: Overheads, band: tuple[ModelConstants, ModelConstants]) -> list[Op]:
+               c: ModelConstants, o: Overheads, band: tuple[ModelConstants, ModelConstants],
+               fused: bool = False) -> list[Op]:
     """Sparse update of the rows the batch touched (read gradient, read and write the
     row; Adagrad also reads and writes one fp32 state per row), then the dense MLP
-    parameters in one fused update."""
+    parameters in one fused update. `fused`: the tables were updated by the backward."""
     state = 2 * FP32 if optimizer == "rowwise_adagrad" else 0
     per_row = 3 * wl.row_bytes + state
-    ops = [_op("optimizer", f"{optimizer} table {t}", 0, unique_rows * per_row, gpu, c, o, band)
-           for t in range(wl.T)]
+    ops = [] if fused else [_op("optimizer", f"{optimizer} table {t}", 0, unique_rows * per_row, gpu, c, o, band)
+                            for t in range(wl.T)]
     params = sum(a * b + b for dims in (dlrm.bottom, (dlrm.interaction_width(wl.T, wl.D), *dlrm.top))
                  for a, b in zip(dims[:-1], dims[1:]))
     ops.append(_op("optimizer", f"{optimizer} MLPs", 0, params * (3 * FP32 + state), gpu, c, o, band))
@@ -158,10 +273,13 @@ def _optimizer(wl: WorkloadConfig, unique_rows: float, optimizer: str, dlrm: Dlr
 
 def step_ops(wl: WorkloadConfig, dlrm: DlrmConfig, embedding: pd.Series, gpu: GpuSpec, c: ModelConstants,
              phase: str = "inference", *, unique_rows: float = 0.0, backward: str = "sort",
-             optimizer: str = "sgd", overheads: Overheads = Overheads()) -> list[Op]:
+             optimizer: str = "sgd", overheads: Overheads = Overheads(), training: pd.DataFrame | None = None,
+             hottest_lookups: float = 0.0) -> list[Op]:
     """The kernels of one batch in issue order. `embedding` is one prediction row of
     the kernel model (time_us, time_us_low, time_us_high, prepass_us) for this
-    variant, dataset and GPU; `unique_rows` the distinct rows a table's batch touches."""
+    variant, dataset and GPU; `unique_rows` the distinct rows a table's batch touches
+    and `hottest_lookups` the lookups of its most looked-up row; `training` the facts
+    of our training kernels (kernels.training.training_facts) for backward cuda-*."""
     if phase not in ("inference", "training"):
         raise ConfigError(f"phase must be inference or training, got {phase!r}")
     if backward not in BACKWARDS or optimizer not in OPTIMIZERS:
@@ -190,8 +308,12 @@ def step_ops(wl: WorkloadConfig, dlrm: DlrmConfig, embedding: pd.Series, gpu: Gp
         ops += _mlp("top_mlp_backward", top, B, True, True, gpu, c, o, band)
         ops += _interaction(T, D, B, True, gpu, c, o, band)
         ops += _mlp("bottom_mlp_backward", dlrm.bottom, B, False, True, gpu, c, o, band)
-        ops += _embedding_backward(wl, unique_rows, backward, gpu, c, o, band)
-        ops += _optimizer(wl, unique_rows, optimizer, dlrm, gpu, c, o, band)
+        facts = None
+        if backward in CUDA_BACKWARDS:
+            facts = facts_for(training, kernel_for(backward, optimizer).name, gpu.arch)
+        ops += _embedding_backward(wl, unique_rows, backward, gpu, c, o, band, optimizer=optimizer, facts=facts,
+                                   hottest_lookups=hottest_lookups)
+        ops += _optimizer(wl, unique_rows, optimizer, dlrm, gpu, c, o, band, fused=backward == "cuda-fused")
     return ops
 
 
@@ -214,12 +336,14 @@ def walk(ops: Sequence[Op], dispatch_us: float, which: str = "time_us") -> tuple
 def predict_step(wl: WorkloadConfig, dlrm: DlrmConfig, embedding: pd.DataFrame, gpus: Iterable[GpuSpec],
                  constants: dict[str, ModelConstants], unique_rows: dict[str, float], *,
                  phases: Sequence[str] = ("inference", "training"), backward: str = "sort",
-                 optimizer: str = "sgd", overheads: Overheads = Overheads()) -> pd.DataFrame:
+                 optimizer: str = "sgd", overheads: Overheads = Overheads(), training: pd.DataFrame | None = None,
+                 hottest: Mapping[str, float] | None = None) -> pd.DataFrame:
     """Per (variant, dataset, GPU, phase): one row per stage plus 'total' (batch time,
     band) and 'active' (sum of kernel times), with the embedding share and speedups
     over base end to end and embedding only. `embedding` is the kernel model's
     prediction frame (steady mode); `unique_rows` maps a dataset to its distinct rows
-    per table per batch. Columns: variant, dataset, gpu, arch, phase, stage, time_us,
+    per table per batch and `hottest` to the lookups of its most looked-up row; `training`
+    holds our training kernels' facts (backward cuda-*). Columns: variant, dataset, gpu, arch, phase, stage, time_us,
     time_us_low, time_us_high, source ('predicted'), embedding_share, speedup_e2e,
     speedup_embedding."""
     rows = []
@@ -230,7 +354,8 @@ def predict_step(wl: WorkloadConfig, dlrm: DlrmConfig, embedding: pd.DataFrame, 
         gpu, c = gpus[gkey], constants[gkey]
         for phase in phases:
             ops = step_ops(wl, dlrm, e.iloc[0], gpu, c, phase, unique_rows=unique_rows.get(dataset, 0.0),
-                           backward=backward, optimizer=optimizer, overheads=overheads)
+                           backward=backward, optimizer=optimizer, overheads=overheads, training=training,
+                           hottest_lookups=(hottest or {}).get(dataset, 0.0))
             ends = {w: walk(ops, overheads.dispatch_us, w) for w in ("time_us", "time_us_low", "time_us_high")}
             common = {"variant": variant, "dataset": dataset, "gpu": gkey, "arch": gpu.arch, "phase": phase,
                       "source": "predicted"}

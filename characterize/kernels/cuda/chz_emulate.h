@@ -356,6 +356,13 @@ inline unsigned __ballot_sync(unsigned mask, int predicate) {
   return bits;
 }
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
+// Blocks and threads run one at a time (fibers switch only at barriers and shuffles), so a
+// plain read-modify-write is atomic; the backward's scatter-add uses it.
+inline float atomicAdd(float* address, float value) {
+  const float old = *address;
+  *address = old + value;
+  return old;
+}
 
 // ------------------------------------------------------------- CUDA runtime
 inline cudaError_t cudaGetLastError() {
