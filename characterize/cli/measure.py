@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 import click
 
-from characterize.cli.base import csv_list, echo_err, main, print_rows
+from characterize.cli.base import TerminalReporter, csv_list, echo_err, main, print_rows
 
 
 # ------------------------------------------------------------ bench, profile
@@ -27,23 +27,48 @@ def experiment_options(f: Callable) -> Callable:
     return f
 
 
+def executor_options(f: Callable) -> Callable:
+    """Where the points run: here, or one Slurm array task each (options over the
+    experiment's [slurm] section)."""
+    opts = [
+        click.option("--executor", type=click.Choice(["local", "slurm"]), default="local", show_default=True,
+                     help="slurm: each variant x dataset point is one Slurm array task (submitit)"),
+        click.option("--slurm-partition", default=None, help="Slurm partition [the experiment's slurm.partition]"),
+        click.option("--slurm-gpus-per-task", type=click.IntRange(min=0), default=None,
+                     help="GPUs per array task for the cuda backend [the experiment's: 1]"),
+        click.option("--slurm-time", type=click.IntRange(min=1), default=None,
+                     help="minutes one point may run before Slurm ends it [the experiment's: 60]"),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def _slurm(partition: str | None, gpus_per_task: int | None, time_min: int | None) -> dict[str, Any]:
+    return {"partition": partition, "gpus_per_task": gpus_per_task, "time_min": time_min}
+
+
 def _prepare(experiment: str, out: Path | None, stage: str, resume: bool, backend: str,
-             variants: str | None = None, datasets: str | None = None, **overrides: Any):
+             variants: str | None = None, datasets: str | None = None, executor: str = "local",
+             slurm: dict[str, Any] | None = None, **overrides: Any):
     """Load and validate the experiment, open the run directory for `stage`."""
     import dataclasses
 
     from characterize.hardware import require_gpu
+    from characterize.measure.executor import require_slurm, with_slurm_options
     from characterize.pipeline import load_experiment, open_experiment_run
 
-    exp = load_experiment(experiment)
+    if executor == "slurm":
+        require_slurm()
+    exp = with_slurm_options(load_experiment(experiment), **(slurm or {}))
     if overrides:
         exp = dataclasses.replace(exp, **overrides)
     if variants:
         exp = dataclasses.replace(exp, variants=tuple(csv_list(variants)))
     if datasets:
         exp = dataclasses.replace(exp, datasets=tuple(csv_list(datasets)))
-    info = require_gpu() if backend == "cuda" else None
-    return exp, open_experiment_run(exp, out, stage, resume, info, backend)
+    info = require_gpu() if backend == "cuda" and executor == "local" else None
+    return exp, open_experiment_run(exp, out, stage, resume, info, backend, executor)
 
 
 @main.command()
@@ -51,23 +76,30 @@ def _prepare(experiment: str, out: Path | None, stage: str, resume: bool, backen
 @click.option("--modes", default=None, help="steady,cold [the experiment's]")
 @click.option("--backend", type=click.Choice(["cuda", "emulate"]), default="cuda", show_default=True,
               help="emulate times the CPU emulation: checks the harness, not GPU performance")
+@executor_options
 def bench(experiment: str, variants: str | None, datasets: str | None, out: Path | None, resume: bool,
-          modes: str | None, backend: str) -> None:
+          modes: str | None, backend: str, executor: str, slurm_partition: str | None,
+          slurm_gpus_per_task: int | None, slurm_time: int | None) -> None:
     """Time variants x datasets with CUDA events (steady and cold L2)."""
     import dataclasses
 
     from characterize.analysis.compare import speedups
-    from characterize.measure.runner import bench_points, pending_points
-    from characterize.pipeline import load_experiment
+    from characterize.measure.executor import Placement, measure_stage
+    from characterize.measure.runner import pending_points
+    from characterize.pipeline import follow_points, load_experiment
     from characterize.store import load_run
 
     overrides = {}
     if modes:
         overrides["bench"] = dataclasses.replace(load_experiment(experiment).bench, modes=tuple(csv_list(modes)))
-    exp, run = _prepare(experiment, out, "bench", resume, backend, variants, datasets, **overrides)
+    exp, run = _prepare(experiment, out, "bench", resume, backend, variants, datasets, executor,
+                        _slurm(slurm_partition, slurm_gpus_per_task, slurm_time), **overrides)
     points = pending_points(run, "bench", exp)
     echo_err(f"bench {exp.name}: {len(points)} point(s) to time into {run.path} (backend {backend})")
-    counts = bench_points(run, points, backend, progress=echo_err)
+    with TerminalReporter(indent="") as reporter, reporter.task("bench", len(points), "points") as task:
+        counts = follow_points(run, "bench", points, task,
+                               lambda: measure_stage(run, "bench", exp, Placement(executor, backend),
+                                                     reporter.message))
     r = load_run(run.path)
     for mode in exp.bench.modes:
         s = speedups(r.bench, mode)
@@ -90,36 +122,40 @@ def bench(experiment: str, variants: str | None, datasets: str | None, out: Path
 @click.option("--cache-control", type=click.Choice(["none", "all"]), default=None,
               help="none keeps L2 between kernels (needed for L2 pinning) [the experiment's: none]")
 @click.option("--clock-control", type=click.Choice(["base", "none"]), default=None,
-              help="base locks clocks for comparable numbers [the experiment's: base]")
+              help="none: unlocked, as bench runs (one clock policy); base locks them, and the report then "
+                   "flags mixed clocks [the experiment's: none]")
 @click.option("--metric-set", default=None, help="default | quick")
 @click.option("--timeout", type=float, default=900.0, show_default=True, help="seconds per point")
+@executor_options
 def profile(experiment: str, variants: str | None, datasets: str | None, out: Path | None, resume: bool,
             ncu_path: str | None, cache_control: str | None, clock_control: str | None, metric_set: str | None,
-            timeout: float) -> None:
+            timeout: float, executor: str, slurm_partition: str | None, slurm_gpus_per_task: int | None,
+            slurm_time: int | None) -> None:
     """Profile each point under Nsight Compute (one ncu process per point)."""
     import dataclasses
     import os
 
+    from characterize.measure.executor import Placement, measure_stage
     from characterize.measure.ncu import find_ncu
-    from characterize.measure.runner import (
-        ProfileSettings,
-        pending_points,
-        profile_points,
-    )
-    from characterize.pipeline import load_experiment
+    from characterize.measure.runner import pending_points
+    from characterize.pipeline import follow_points, load_experiment
 
-    ncu = find_ncu(ncu_path)
+    # through Slurm, --ncu names ncu as the nodes see it; without it, ncu must be found here too
+    ncu = ncu_path if executor == "slurm" and ncu_path else str(find_ncu(ncu_path))
     backend = os.environ.get("CHARACTERIZE_BACKEND", "cuda")
     base = load_experiment(experiment).profile
     changes = {k: v for k, v in (("cache_control", cache_control), ("clock_control", clock_control),
                                  ("metric_set", metric_set)) if v}
     overrides = {"profile": dataclasses.replace(base, **changes)} if changes else {}
-    exp, run = _prepare(experiment, out, "profile", resume, backend, variants, datasets, **overrides)
+    exp, run = _prepare(experiment, out, "profile", resume, backend, variants, datasets, executor,
+                        _slurm(slurm_partition, slurm_gpus_per_task, slurm_time), **overrides)
     points = pending_points(run, "profile", exp)
     echo_err(f"profile {exp.name}: {len(points)} point(s) with {ncu} (cache-control {exp.profile.cache_control}, "
              f"clock-control {exp.profile.clock_control}, metric set {exp.profile.metric_set})")
-    counts = profile_points(run, exp, points, ProfileSettings(ncu, timeout, None if backend == "cuda" else backend),
-                            progress=echo_err)
+    placement = Placement(executor, backend, ncu if executor == "local" or ncu_path else None, timeout)
+    with TerminalReporter(indent="") as reporter, reporter.task("profile", len(points), "points") as task:
+        counts = follow_points(run, "profile", points, task,
+                               lambda: measure_stage(run, "profile", exp, placement, reporter.message))
     click.echo(f"{counts['ok']} point(s) profiled, {counts['failed']} failed; run directory: {run.path}")
 
 
@@ -130,15 +166,22 @@ def profile(experiment: str, variants: str | None, datasets: str | None, out: Pa
               help="run directory [runs/<experiment>-<gpu>]")
 @click.option("--resume", is_flag=True, help="continue an interrupted run, keeping finished points")
 @click.option("--ncu", "ncu_path", default=None, help="path to the ncu executable (profiling on a GPU)")
-def run_cmd(experiment: str, out: Path | None, resume: bool, ncu_path: str | None) -> None:
+@click.option("--backend", type=click.Choice(["cuda", "emulate"]), default="cuda", show_default=True,
+              help="emulate also times the CPU emulation without a GPU: checks the harness, not GPU performance")
+@executor_options
+def run_cmd(experiment: str, out: Path | None, resume: bool, ncu_path: str | None, backend: str, executor: str,
+            slurm_partition: str | None, slurm_gpus_per_task: int | None, slurm_time: int | None) -> None:
     """The main job: build, characterize, measure (with a GPU) and summarize an experiment
     (a shipped experiment name, e.g. paper or quick, or a TOML file)."""
+    from characterize.measure.executor import with_slurm_options
     from characterize.pipeline import load_experiment, run_experiment
 
-    exp = load_experiment(experiment)
+    exp = with_slurm_options(load_experiment(experiment), slurm_partition, slurm_gpus_per_task, slurm_time)
     start = time.perf_counter()
     echo_err(f"experiment {exp.name}: {exp.description}")
-    outcome = run_experiment(exp, out, resume=resume, progress=lambda m: echo_err(f"  {m}"), ncu=ncu_path)
+    with TerminalReporter() as reporter:
+        outcome = run_experiment(exp, out, resume=resume, progress=reporter, ncu=ncu_path, backend=backend,
+                                 executor=executor)
     from characterize.store import load_run
 
     r = load_run(outcome.path)
@@ -148,10 +191,16 @@ def run_cmd(experiment: str, out: Path | None, resume: bool, ncu_path: str | Non
         print_rows(view.to_dict("records"), ["variant", "arch", "maxrregcount", "registers", "spill_stores",
                                              "spill_loads", "blocks_per_sm", "theoretical_occupancy_pct", "limiter"])
     if not r.locality.empty:
-        click.echo("\ntrace locality (one table per dataset):")
-        cols = ["dataset", "lookups", "unique_rows"] + [c for c in r.locality.columns if c.startswith("top_")] + \
-            ["reuse_p50", "reuse_p90"]
-        print_rows(r.locality.to_dict("records"), cols)
+        from characterize.hardware import DEFAULT_GPU, GPUS
+        from characterize.workloads.locality import PAPER_HOT_ROWS
+
+        # the paper's K and the rows fitting each target GPU's L2 (the report draws the whole curve)
+        ks = [PAPER_HOT_ROWS] + [GPUS[DEFAULT_GPU[a]].rows_in_l2(exp.workload.row_bytes) for a in exp.archs]
+        cov = [f"top_{k}_coverage" for k in dict.fromkeys(ks) if f"top_{k}_coverage" in r.locality.columns]
+        click.echo("\ntrace locality (one table per dataset; top-K coverage at the paper's K and the rows fitting "
+                   "each target GPU's L2):")
+        print_rows(r.locality.to_dict("records"), ["dataset", "lookups", "unique_rows", *cov, "reuse_p50",
+                                                   "reuse_p90"], fractions=cov)
     click.echo("\nsteps: " + "; ".join(f"{k}: {v.splitlines()[0]}" for k, v in outcome.steps.items()))
     click.echo(f"run directory: {outcome.path}")
     if outcome.report:
