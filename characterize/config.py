@@ -139,11 +139,22 @@ class WorkloadConfig:
         outputs = self.B * self.row_bytes + self.B * self.L.max * INDEX_BYTES + self.B * INDEX_BYTES
         return self.T * (self.table_bytes + per_table) + self.table_bytes + outputs
 
+    def host_resident_device_bytes(self, cache_rows: int = 0) -> int:
+        """GPU memory when the tables stay in host memory: the traces and outputs as
+        device_bytes counts them, plus per table a cache of `cache_rows` rows with its
+        row -> slot map, frequency statistics and counts (int64 per row of E); 0 for
+        managed memory, which the driver pages in and out as the GPU touches it."""
+        rest = self.device_bytes() - (self.T + 1) * self.table_bytes
+        cache = cache_rows * self.row_bytes + 4 * INDEX_BYTES * self.E if cache_rows else 0
+        return rest + self.T * cache
+
     # ---------------------------------------------------------------- checking
-    def validate(self, gpu: Any = None) -> "WorkloadConfig":
+    def validate(self, gpu: Any = None, *, host: str = "none", cache_rows: int = 0) -> "WorkloadConfig":
         """Raise ConfigError for impossible values, GpuMemoryError when `gpu` (a GpuSpec)
-        cannot hold the workload. Whether each variant can run D is the pipeline's check
-        (`pipeline.check_experiment`), since the variant registry sits above config."""
+        cannot hold the workload: its tables (host 'none'), or with the tables in host
+        memory what stays on the GPU (host 'cache' with `cache_rows` per table, or 'uvm').
+        Whether each variant can run D is the pipeline's check (`pipeline.check_experiment`),
+        since the variant registry sits above config."""
         for name in ("T", "E", "D", "B", "batches"):
             value = getattr(self, name)
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value <= 0:
@@ -156,13 +167,22 @@ class WorkloadConfig:
         self.L.validate()
         if self.E >= 2**62 or self.E * self.D >= 2**62:
             raise ConfigError("E x D does not fit 64-bit indexing")
-        if gpu is not None:
+        if gpu is not None and host != "none":
+            need = self.host_resident_device_bytes(cache_rows if host == "cache" else 0)
+            if need > gpu.memory_bytes:
+                what = f"caches of {cache_rows:,} rows, their maps" if host == "cache" else "nothing resident"
+                raise GpuMemoryError(
+                    f"the workload needs about {need / 2**30:,.1f} GiB of GPU memory with its tables in host memory "
+                    f"(T={self.T:,} tables: {what}, plus traces) but {gpu.name} has "
+                    f"{gpu.memory_bytes / 2**30:.1f} GiB; lower C (cache.C), T, batches or B")
+        elif gpu is not None:
             need = self.device_bytes()
             if need > gpu.memory_bytes:
                 raise GpuMemoryError(
                     f"the workload needs about {need / 2**30:,.1f} GiB of GPU memory (T={self.T:,} tables of "
                     f"{self.table_bytes / 2**30:,.2f} GiB plus traces) but {gpu.name} has "
-                    f"{gpu.memory_bytes / 2**30:.1f} GiB; lower T, E, batches or B")
+                    f"{gpu.memory_bytes / 2**30:.1f} GiB; lower T, E, batches or B, or keep the tables in host "
+                    "memory with variants cache or uvm")
         return self
 
     # ------------------------------------------------------------ conversions
@@ -210,8 +230,11 @@ class BenchConfig:
     ci_target: float = 0.02     # stop when the 95% CI half-width < this fraction of the mean
     budget_s: float = 10.0      # per point time budget for repetitions
     modes: tuple[str, ...] = ("steady", "cold")
+    l2_set_aside: bool = True   # l2p/combined: a persisting-L2 set-aside for the pinned rows (False: without)
 
     def validate(self) -> "BenchConfig":
+        if not isinstance(self.l2_set_aside, bool):
+            raise ConfigError(f"bench.l2_set_aside must be true or false, got {self.l2_set_aside!r}")
         if self.warmup < 0 or self.min_reps < 2 or self.max_reps < self.min_reps:
             raise ConfigError("bench needs warmup >= 0 and 2 <= min_reps <= max_reps")
         if not 0 < self.ci_target < 1 or self.budget_s <= 0:
@@ -228,12 +251,15 @@ class ProfileConfig:
 
     metric_set: str = "default"   # a name in characterize.measure.ncu.METRIC_SETS
     cache_control: str = "none"   # none keeps L2 contents between kernels (needed for L2 pinning)
-    clock_control: str = "base"   # base locks clocks for comparable numbers
+    clock_control: str = "none"   # the clock policy bench runs at too: unlocked, sampled by NVML per point
     replay_mode: str = "kernel"
     tables: int = 2               # profiled launches per point (first tables of the last batch)
     warmup_batches: int = 2       # unprofiled batches before the profiled launches
+    l2_set_aside: bool = True     # l2p/combined: a persisting-L2 set-aside for the pinned rows (False: without)
 
     def validate(self) -> "ProfileConfig":
+        if not isinstance(self.l2_set_aside, bool):
+            raise ConfigError(f"profile.l2_set_aside must be true or false, got {self.l2_set_aside!r}")
         if self.cache_control not in ("none", "all"):
             raise ConfigError("cache_control must be 'none' or 'all'")
         if self.clock_control not in ("base", "none"):
@@ -242,6 +268,35 @@ class ProfileConfig:
             raise ConfigError("replay_mode must be kernel, application or range")
         if self.tables < 1 or self.warmup_batches < 0:
             raise ConfigError("profile needs tables >= 1 and warmup_batches >= 0")
+        return self
+
+
+@dataclass(frozen=True)
+class SlurmConfig:
+    """Where `--executor slurm` sends each point (one Slurm array task per point). The
+    CLI's --slurm-partition, --slurm-gpus-per-task and --slurm-time override the first
+    three; `gpus` names several GPU types, each reached by a partition or a constraint,
+    so one experiment measures all of them into one run directory."""
+
+    partition: str = ""                 # sbatch --partition ("" : the cluster's default)
+    gpus_per_task: int = 1              # sbatch --gpus-per-task for the cuda backend (emulate asks for none)
+    time: int = 60                      # minutes one point may take before Slurm ends it (TIMEOUT)
+    constraint: str = ""                # sbatch --constraint, e.g. a node feature naming the GPU
+    setup: tuple[str, ...] = ()         # shell lines run before each task (module load, venv activation)
+    gpus: dict[str, dict[str, str]] = field(default_factory=dict)  # GPU type -> {partition, constraint}
+
+    def validate(self) -> "SlurmConfig":
+        if self.time < 1:
+            raise ConfigError(f"slurm.time is minutes per point and must be at least 1, got {self.time}")
+        if self.gpus_per_task < 0:
+            raise ConfigError(f"slurm.gpus_per_task must be 0 or more, got {self.gpus_per_task}")
+        for name, where in self.gpus.items():
+            if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+                raise ConfigError(f"slurm.gpus: GPU type {name!r} may hold only letters, digits, '.', '_' and '-'")
+            bad = set(where) - {"partition", "constraint"}
+            if bad or not where:
+                raise ConfigError(f"slurm.gpus.{name} takes partition and/or constraint, got "
+                                  f"{', '.join(sorted(where)) or 'nothing'}")
         return self
 
 
@@ -296,11 +351,13 @@ class ExperimentConfig:
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     datasets: tuple[str, ...] = ()                    # empty: every hotness preset, in order
     variants: tuple[str, ...] = ()                    # empty: every public variant, in order
+    dtypes: tuple[str, ...] = ()                      # precisions the model also predicts beside workload.dtype
     params: dict[str, dict[str, Any]] = field(default_factory=dict)  # per-variant overrides
     archs: tuple[str, ...] = DEFAULT_ARCHS            # static characterization targets
     maxrregcount: tuple[int, ...] = (32, 40, 42, 48, 64)  # register sweep caps
     bench: BenchConfig = field(default_factory=BenchConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)  # where --executor slurm sends each point
     source: str = ""                                   # the file it was read from
 
     def validate(self, gpu: Any = None) -> "ExperimentConfig":
@@ -311,9 +368,13 @@ class ExperimentConfig:
             raise ConfigError(f"experiment name {self.name!r} may hold only letters, digits, '.', '_' and '-'")
         if any(c <= 0 for c in self.maxrregcount):
             raise ConfigError("maxrregcount values must be positive")
+        for dt in self.dtypes:
+            if dt not in DTYPE_BYTES:
+                raise ConfigError(f"dtypes: {dt!r} is not supported; use {', '.join(DTYPE_BYTES)}")
         self.workload.validate(gpu=gpu)
         self.bench.validate()
         self.profile.validate()
+        self.slurm.validate()
         return self
 
     def params_for(self, variant: str) -> dict[str, Any]:
@@ -340,7 +401,9 @@ class ExperimentConfig:
                 value = _sub(BenchConfig, value, source)
             elif key == "profile":
                 value = _sub(ProfileConfig, value, source)
-            elif key in ("datasets", "variants", "archs", "maxrregcount") or key == "modes":
+            elif key == "slurm":
+                value = _sub(SlurmConfig, value, source)
+            elif key in ("datasets", "variants", "archs", "maxrregcount", "dtypes") or key == "modes":
                 value = tuple(value)
             kwargs[key] = value
         kwargs["source"] = source

@@ -97,3 +97,17 @@ class GpuMemoryError(CharacterizeError):
 class MemoryBudgetError(CharacterizeError):
     """Generating, loading or analyzing a workload would need more host memory than the
     budget allows; refused before allocating, instead of swapping or being killed."""
+
+
+class SchedulerError(CharacterizeError):
+    """A cluster scheduler (Slurm, through submitit) cannot be used or refused a
+    submission: no Slurm client here, no submitit, a bad partition or time limit."""
+
+    exit_code = 10
+
+
+class CheckMismatch(CharacterizeError):
+    """A variant's output did not match torch on a point's own data on the device: the
+    point is recorded as failed with its maximum error, and neither timed nor profiled."""
+
+    exit_code = 11

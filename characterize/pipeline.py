@@ -15,10 +15,12 @@ import dataclasses
 import json
 import shlex
 import sys
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, ContextManager, Iterator, Mapping, Protocol, Sequence
 
 import pandas as pd
 
@@ -27,23 +29,31 @@ from characterize.analysis.claims import CLAIM_ARCH, CLAIM_VARIANTS, paper_claim
 from characterize.analysis.model.constants import ModelConstants
 from characterize.analysis.model.e2e import Overheads
 from characterize.analysis.model.e2e import predict_step as predict_e2e
+from characterize.analysis.model.host import CACHE_SWEEP
 from characterize.analysis.model.predict import predict_experiment
 from characterize.config import DlrmConfig, ExperimentConfig, WorkloadConfig, read_experiment
-from characterize.errors import CharacterizeError, NcuNotFound, ToolchainNotFound, WorkloadError
+from characterize.errors import (
+    CharacterizeError,
+    GpuMemoryError,
+    NcuNotFound,
+    ToolchainNotFound,
+    UnsupportedShape,
+    WorkloadError,
+)
 from characterize.hardware import DEFAULT_GPU, GPUS, devices, gpu_spec, normalize_arch
-from characterize.kernels.registry import VARIANT_ORDER, get_variant
+from characterize.kernels.build import BuildTally, observe_builds
+from characterize.kernels.registry import HOST_VARIANTS, VARIANT_ORDER, default_cache_rows, get_variant
 from characterize.kernels.static import analyze_variants, static_characterization
+from characterize.kernels.training import CUDA_BACKWARDS, kernel_for, training_facts
 from characterize.measure.e2e import check_pipeline, measure_step
+from characterize.measure.executor import GPUS_DIR, Placement, gpu_identity, measure_stage, require_slurm
 from characterize.measure.ncu import find_ncu
 from characterize.measure.runner import (
-    ProfileSettings,
-    bench_points,
     open_run,
     pending_points,
-    profile_points,
 )
 from characterize.report.render import render_report
-from characterize.store import RunDir, environment, load_run, write_json
+from characterize.store import RunDir, environment, list_runs, load_run, write_json
 from characterize.workloads.locality import PAPER_HOT_ROWS, check_dataset, coverage_ks, locality_stats
 from characterize.workloads.presets import HOTNESS_ORDER
 from characterize.workloads.traces import load_dataset
@@ -55,27 +65,179 @@ def _quiet(_: str) -> None:
     pass
 
 
+# ---------------------------------------------------------------- progress
+class Task(Protocol):
+    """One step's progress as a user interface shows it (a bar, or one line)."""
+
+    def grow(self, n: int = 1) -> None:
+        """More work found: the total rises by `n` (the total may be unknown at first)."""
+
+    def advance(self, n: int = 1, item: str = "") -> None:
+        """`n` units finished; `item` names what is worked on now."""
+
+    def finish(self, summary: str) -> None:
+        """What the step did, in one line (counts; the interface adds the time)."""
+
+
+class Reporter(Protocol):
+    """Where the library says what it is doing; it never prints. The CLI passes a
+    terminal reporter (bars on a TTY, plain lines otherwise); the default is silent."""
+
+    def message(self, text: str) -> None:
+        """A line worth keeping in the output (a skipped or failed step, a path)."""
+
+    def task(self, title: str, total: int | None = None, unit: str = "") -> ContextManager[Task]:
+        """A step that takes a while, of `total` units (None: not known yet)."""
+
+
+class _SilentTask:
+    def grow(self, n: int = 1) -> None:
+        pass
+
+    def advance(self, n: int = 1, item: str = "") -> None:
+        pass
+
+    def finish(self, summary: str) -> None:
+        pass
+
+
+class _LineTask(_SilentTask):
+    def __init__(self, say: Progress, title: str) -> None:
+        self.say, self.title, self.summary, self.start = say, title, "", time.perf_counter()
+
+    def finish(self, summary: str) -> None:
+        self.summary = summary
+
+
+class Quiet:
+    """The default reporter: says nothing."""
+
+    def message(self, text: str) -> None:
+        pass
+
+    @contextmanager
+    def task(self, title: str, total: int | None = None, unit: str = "") -> Iterator[Task]:
+        yield _SilentTask()
+
+
+class Lines:
+    """A reporter over a plain `(str) -> None` callback: messages, and one line per
+    finished step with its time."""
+
+    def __init__(self, say: Progress) -> None:
+        self.say = say
+
+    def message(self, text: str) -> None:
+        self.say(text)
+
+    @contextmanager
+    def task(self, title: str, total: int | None = None, unit: str = "") -> Iterator[Task]:
+        t = _LineTask(self.say, title)
+        yield t
+        self.say(f"{title}: {t.summary or 'done'} ({time.perf_counter() - t.start:.1f} s)")
+
+
+def as_reporter(progress: Reporter | Progress | None) -> Reporter:
+    """A Reporter from what a caller passed: a reporter, a plain callback, or nothing."""
+    if progress is None:
+        return Quiet()
+    if hasattr(progress, "task") and hasattr(progress, "message"):
+        return progress  # type: ignore[return-value]
+    return Lines(progress)  # type: ignore[arg-type]
+
+
+class _PerMessage:
+    """A callback for stages that say "starting X" once per unit: each message after
+    the first finishes one unit; `close` finishes the rest (units with nothing to say,
+    such as reuse distances already computed)."""
+
+    def __init__(self, task: Task, total: int) -> None:
+        self.task, self.total, self.done, self.started = task, total, 0, False
+
+    def __call__(self, text: str) -> None:
+        if self.started:
+            self.task.advance(1)
+            self.done += 1
+        self.task.advance(0, item=text)
+        self.started = True
+
+    def close(self) -> None:
+        self.task.advance(max(0, self.total - self.done))
+
+
+def _watch_points(run: RunDir, kind: str, points: Sequence[tuple[str, str]], task: Task,
+                  stop: threading.Event) -> None:
+    """Advance `task` as the workers write finished points (they run in other processes)."""
+    done: set = set()
+    while not stop.wait(0.5):
+        for v, d in points:
+            if (v, d) not in done and run.point_path(kind, v, d).is_file():
+                done.add((v, d))
+                task.advance(1, item=f"{v} {d}")
+
+
+def follow_points(run: RunDir, kind: str, points: Sequence[tuple[str, str]], task: Task,
+                  fn: Callable[[], dict[str, int]]) -> dict[str, int]:
+    """Run `fn` (bench or profile points) with `task` following the points it writes."""
+    stop = threading.Event()
+    watcher = threading.Thread(target=_watch_points, args=(run, kind, points, task, stop), daemon=True)
+    watcher.start()
+    try:
+        counts = fn()
+    finally:
+        stop.set()
+        watcher.join()
+    task.finish(f"{counts['ok']} point(s) done, {counts['failed']} failed")
+    return counts
+
+
 # ------------------------------------------------------------ experiments
 def check_experiment(exp: ExperimentConfig, gpu: Any = None) -> ExperimentConfig:
     """`exp.validate(gpu)` plus the names it holds: datasets, variants (and whether
     each can run D), variant parameters and architectures. Empty datasets or variants
     mean all of them, in registry order; the returned experiment lists them. Before any
     work: without a GPU the workload must fit each target architecture's GPU, trace
-    files must exist, and one table must fit the host-memory budget."""
-    exp = dataclasses.replace(exp, datasets=exp.datasets or HOTNESS_ORDER, variants=exp.variants or VARIANT_ORDER)
-    exp.validate(gpu=gpu)
+    files must exist, and one table must fit the host-memory budget. Tables too large
+    for the GPU steer an experiment that names no variants to the host-resident ones
+    (cache, uvm); one that names GPU-resident variants is refused with that advice."""
+    targets = [gpu] if gpu is not None else [gpu_spec(normalize_arch(a)) for a in exp.archs]
+    default = VARIANT_ORDER
+    if not exp.variants and not all(_fits(exp.workload, g) for g in targets):
+        default = HOST_VARIANTS
+    exp = dataclasses.replace(exp, datasets=exp.datasets or HOTNESS_ORDER, variants=exp.variants or default)
+    exp.validate()
     for v in exp.variants:
         get_variant(v).check_shape(exp.workload.D, exp.workload.dtype)
     for v, p in exp.params.items():
         get_variant(v).resolve_params(p)
     for a in exp.archs:
         normalize_arch(a)
-    if gpu is None:  # no GPU here: the workload must still fit each target architecture's GPU
-        for a in exp.archs:
-            exp.workload.validate(gpu=gpu_spec(a))
+    for g in targets:   # without a GPU here the workload must still fit each target architecture's GPU
+        try:
+            check_fit(exp, g)
+        except GpuMemoryError as e:
+            if default is not HOST_VARIANTS:
+                raise
+            try:
+                exp.workload.validate(gpu=g)
+            except GpuMemoryError as resident:
+                raise GpuMemoryError(f"{resident}; kept in host memory it still does not fit: {e}") from None
     for d in exp.datasets:
         check_dataset(d, exp.workload)
     return exp
+
+
+def _fits(workload: WorkloadConfig, gpu: Any) -> bool:
+    """Whether the tables (and traces) fit the GPU's memory."""
+    return workload.device_bytes() <= gpu.memory_bytes
+
+
+def check_fit(exp: ExperimentConfig, gpu: Any, variants: Sequence[str] | None = None) -> None:
+    """GpuMemoryError unless each variant's share of the workload fits `gpu`: the tables
+    for GPU-resident variants, the caches (cache) or nothing (uvm) for host-resident ones."""
+    for host in dict.fromkeys(get_variant(v).host for v in (variants or exp.variants)):
+        C = exp.params_for("cache").get("C") or default_cache_rows(exp.workload.E) if host == "cache" else 0
+        exp.workload.validate(gpu=gpu, host=host, cache_rows=C)
 
 
 def load_experiment(name_or_path: str | None = None) -> ExperimentConfig:
@@ -118,12 +280,21 @@ def sass_frame(variants: Sequence[str], archs: Sequence[str], D: int,
 
 
 def code_facts(variants: Sequence[str], archs: Sequence[str], D: int, params: Mapping[str, Any] | None = None,
-               sweep_caps: Sequence[int] = (), dtype: str = "fp32") -> CodeFacts:
-    """Compile the variants (builds are cached), read ptxas's resources and the SASS."""
+               sweep_caps: Sequence[int] = (), dtype: str = "fp32",
+               progress: Reporter | Progress | None = None) -> CodeFacts:
+    """Compile the variants (builds are cached), read ptxas's resources and the SASS;
+    `progress` sees each build, compiled or reused."""
+    rep = as_reporter(progress)
     try:
-        rows = static_characterization(list(variants), list(archs), sweep_caps, D=D, params=dict(params or {}),
-                                       dtype=dtype)
-        sass = sass_frame(variants, archs, D, params, dtype)
+        with rep.task(f"compile for {', '.join(archs)}", unit="builds") as task:
+            tally = BuildTally.advancing(task)
+            with observe_builds(tally):
+                rows = static_characterization(list(variants), list(archs), sweep_caps, D=D,
+                                               params=dict(params or {}), dtype=dtype)
+            task.finish(tally.summary())
+        with rep.task("SASS hot loops (cuobjdump)") as task:
+            sass = sass_frame(variants, archs, D, params, dtype)
+            task.finish(f"{len(sass)} kernel(s) analyzed")
     except ToolchainNotFound as e:
         raise ToolchainNotFound(f"{e}\nThe model needs each variant's registers, occupancy and hot loop, which "
                                 "come from the compiled code; or pass a run's static.csv and sass.csv.") from None
@@ -131,24 +302,53 @@ def code_facts(variants: Sequence[str], archs: Sequence[str], D: int, params: Ma
 
 
 def predict(exp: ExperimentConfig, archs: Sequence[str] | None = None, *, code: CodeFacts | None = None,
-            progress: Progress | None = None) -> pd.DataFrame:
+            progress: Reporter | Progress | None = None, cache_ratios: Sequence[float] | None = None) -> pd.DataFrame:
     """Model predictions for `exp` on `archs` (architectures or GPU names), compiling
-    what the model needs unless `code` already covers it."""
+    what the model needs unless `code` already covers it; `cache_ratios` sweeps the
+    cache variant's size (shares of E). The experiment's extra `dtypes` are predicted
+    too (each variant that reads them at D), one row per dtype, for the precision grid."""
     targets = list(archs or exp.archs)
+    if cache_ratios and "cache" not in exp.variants:   # a cache-size sweep is about the cache variant
+        exp = dataclasses.replace(exp, variants=(*exp.variants, "cache"))
     for t in targets:  # a prediction for a GPU the workload cannot fit is refused, not made up
-        exp.workload.validate(gpu=gpu_spec(t))
+        check_fit(exp, gpu_spec(t))
     gpu_archs = list(dict.fromkeys(gpu_spec(a).arch for a in targets))
-    names = list(dict.fromkeys(["base", *exp.variants]))
+    # host-resident variants run base's kernel: base's code facts are theirs
+    names = list(dict.fromkeys(["base", *(v for v in exp.variants if get_variant(v).host == "none")]))
     if code is None or not code.covers(names, gpu_archs, exp.workload.D):
-        code = code_facts(names, gpu_archs, exp.workload.D, exp.params, dtype=exp.workload.dtype)
-    return predict_experiment(exp, targets, static=code.static, sass=code.sass, progress=progress)
+        code = code_facts(names, gpu_archs, exp.workload.D, exp.params, dtype=exp.workload.dtype, progress=progress)
+    rep = as_reporter(progress)
+    with rep.task(f"predictions for {', '.join(targets)}", total=len(exp.datasets), unit="datasets") as task:
+        per = _PerMessage(task, len(exp.datasets))
+        df = predict_experiment(exp, targets, static=code.static, sass=code.sass, progress=per,
+                                cache_ratios=cache_ratios)
+        per.close()
+        task.finish(f"{len(df)} point(s) predicted")
+    for dt in dict.fromkeys(exp.dtypes):
+        if dt == exp.workload.dtype:
+            continue
+        wl = exp.workload.replace(dtype=dt)
+        other = dataclasses.replace(exp, workload=wl, dtypes=(), variants=tuple(v for v in exp.variants
+                                                                                if _reads(v, wl)))
+        df = pd.concat([df, predict(other, targets, progress=progress, cache_ratios=cache_ratios)],
+                       ignore_index=True)
+    return df
 
 
-def model_validation(code: CodeFacts | None = None) -> pd.DataFrame:
+def _reads(variant: str, wl: WorkloadConfig) -> bool:
+    """Whether a variant reads tables of the workload's dtype at its D."""
+    try:
+        get_variant(variant).check_shape(wl.D, wl.dtype)
+    except UnsupportedShape:
+        return False
+    return True
+
+
+def model_validation(code: CodeFacts | None = None, progress: Reporter | Progress | None = None) -> pd.DataFrame:
     """The model against the paper's A100 claims, at the paper's configuration."""
     wl = WorkloadConfig.paper()
     if code is None or not code.covers(CLAIM_VARIANTS, [CLAIM_ARCH], wl.D):
-        code = code_facts(CLAIM_VARIANTS, [CLAIM_ARCH], wl.D)
+        code = code_facts(CLAIM_VARIANTS, [CLAIM_ARCH], wl.D, progress=progress)
     return paper_claims(wl, CLAIM_ARCH, static=code.static, sass=code.sass)
 
 
@@ -176,20 +376,13 @@ def default_run_dir(exp: ExperimentConfig, gpu_key: str | None) -> Path:
 def run_meta(exp: ExperimentConfig, path: Path, gpu_info, backend: str = "cuda") -> dict:
     """meta.json of a new run: identity of the GPU and software, the full config, the
     command line."""
-    gpu = None
-    if gpu_info is not None:
-        spec = gpu_info.spec()
-        gpu = {"name": gpu_info.name, "key": spec.key, "arch": gpu_info.arch, "sm_count": gpu_info.sm_count,
-               "l2_bytes": gpu_info.l2_bytes, "memory_bytes": gpu_info.memory_bytes, "driver": gpu_info.driver,
-               "cuda_runtime": gpu_info.cuda_runtime, "sm_clock_MHz": gpu_info.sm_clock_MHz,
-               "max_sm_clock_MHz": gpu_info.max_sm_clock_MHz, "memory_clock_MHz": gpu_info.memory_clock_MHz,
-               "hbm_GBps": spec.hbm_GBps}
+    gpu = gpu_identity(gpu_info)
     return {"name": path.name, "experiment": exp.to_dict(), "command_line": shlex.join(sys.argv),
             "environment": environment(), "backend": backend if gpu_info is not None or backend != "cuda" else None,
             "gpu": gpu, "cache_control": exp.profile.cache_control, "clock_control": exp.profile.clock_control}
 
 
-def locality_step(run: RunDir, exp: ExperimentConfig, progress: Progress = _quiet, table: int = 0) -> dict:
+def locality_step(run: RunDir, exp: ExperimentConfig, progress: Reporter | Progress = _quiet, table: int = 0) -> dict:
     """Locality statistics of one table of every dataset (all tables of a generated
     dataset share a distribution). K: the paper's 60K and the rows fitting each
     target architecture's L2 and persisting budget."""
@@ -199,28 +392,31 @@ def locality_step(run: RunDir, exp: ExperimentConfig, progress: Progress = _quie
         spec = GPUS[DEFAULT_GPU[arch]]
         ks |= {spec.rows_in_l2(wl.row_bytes), spec.rows_in_persisting_l2(wl.row_bytes)}
     out, failed = {}, []
-    for ds in exp.datasets:
-        start = time.perf_counter()
-        try:
-            data = load_dataset(ds, wl, tables=[table])
-            stats = locality_stats(data.tables[0].indices, data.rows, wl.row_bytes, sorted(ks))
-        except CharacterizeError as e:  # one bad dataset costs only itself
-            failed.append(str(e) if ds in str(e) else f"{ds}: {e}")
-            continue
-        out[ds] = stats.to_json() | {"table": table, "description": data.description}
-        progress(f"locality {ds}: {stats.unique_rows:,} unique of {stats.lookups:,} lookups "
-                 f"({time.perf_counter() - start:.1f} s)")
+    with as_reporter(progress).task("locality", total=len(exp.datasets), unit="datasets") as task:
+        for ds in exp.datasets:
+            task.advance(0, item=ds)
+            try:
+                data = load_dataset(ds, wl, tables=[table])
+                stats = locality_stats(data.tables[0].indices, data.rows, wl.row_bytes, sorted(ks),
+                                       progress=lambda done, n, ds=ds: task.advance(
+                                           0, item=f"{ds}: reuse distances {done / n:.0%}"))
+            except CharacterizeError as e:  # one bad dataset costs only itself
+                failed.append(str(e) if ds in str(e) else f"{ds}: {e}")
+                task.advance(1)
+                continue
+            out[ds] = stats.to_json() | {"table": table, "description": data.description}
+            task.advance(1, item=f"{ds}: {stats.unique_rows:,} unique of {stats.lookups:,} lookups")
+        task.finish(f"{len(out)} dataset(s) analyzed" + (f", {len(failed)} failed" if failed else ""))
     write_json(run.path / "locality.json", out)
     if failed:
         raise WorkloadError(f"{'; '.join(failed)} (the other datasets' statistics are in locality.json)")
     return out
 
 
-def static_step(run: RunDir, exp: ExperimentConfig, progress: Progress = _quiet) -> CodeFacts:
+def static_step(run: RunDir, exp: ExperimentConfig, progress: Reporter | Progress = _quiet) -> CodeFacts:
     """static.csv (with the register sweep) and sass.csv of the experiment's variants."""
-    progress(f"static characterization and SASS analysis for {', '.join(exp.archs)} (nvcc, cuobjdump; "
-             "cached builds reused)")
-    code = code_facts(exp.variants, exp.archs, exp.workload.D, exp.params, exp.maxrregcount, exp.workload.dtype)
+    code = code_facts(exp.variants, exp.archs, exp.workload.D, exp.params, exp.maxrregcount, exp.workload.dtype,
+                      progress=progress)
     run.write_table("static", code.static)
     run.write_table("sass", code.sass)
     return code
@@ -235,38 +431,61 @@ def _read_code(run: RunDir, exp: ExperimentConfig) -> CodeFacts | None:
 
 
 def predict_step(run: RunDir, exp: ExperimentConfig, code: CodeFacts | None = None,
-                 progress: Progress = _quiet) -> pd.DataFrame:
+                 progress: Reporter | Progress = _quiet) -> pd.DataFrame:
     """Model predictions for every variant x dataset x architecture (and the run's GPU)."""
     archs = list(exp.archs)
     gpu = json.loads((run.path / "meta.json").read_text()).get("gpu") or {}
     if gpu.get("key") and gpu["key"] not in archs:
         archs.append(gpu["key"])
-    start = time.perf_counter()
-    df = predict(exp, archs, code=code)
+    sweep = CACHE_SWEEP if "cache" in exp.variants and "C" not in exp.params_for("cache") else None
+    df = predict(exp, archs, code=code, progress=progress, cache_ratios=sweep)
     run.write_table("predictions", df)
-    run.write_table("model_validation", model_validation(code))
-    progress(f"model predictions for {', '.join(archs)} and the paper-claims check "
-             f"({time.perf_counter() - start:.1f} s)")
+    with as_reporter(progress).task("the model against the paper's claims") as task:
+        claims = model_validation(code, progress=progress)
+        task.finish(f"{len(claims)} claim(s) checked")
+    run.write_table("model_validation", claims)
     return df
 
 
 def e2e_step(run: RunDir, exp: ExperimentConfig, code: CodeFacts | None = None,
-             progress: Progress = _quiet) -> pd.DataFrame:
+             progress: Reporter | Progress = _quiet) -> pd.DataFrame:
     """e2e.csv: the DLRM step around each variant, predicted per stage (measured too
     when `run` has a GPU; `characterize e2e` also checks it against autograd)."""
-    start = time.perf_counter()
-    out = e2e(exp, code=code, check=False)
+    path = run.path / "predictions.csv"
+    earlier = pd.read_csv(path) if path.is_file() else None   # the predict step's, when it ran
+    with as_reporter(progress).task("end-to-end DLRM step") as task:
+        out = e2e(exp, code=code, check=False, predictions=earlier)
+        task.finish(f"{len(out.rows)} stage row(s)")
     run.write_table("e2e", out.rows)
-    progress(f"end-to-end step predicted ({time.perf_counter() - start:.1f} s)")
     return out.rows
 
 
+def _e2e_embedding(predictions: pd.DataFrame | None, variants: Sequence[str], targets: Sequence[str],
+                   dtype: str) -> pd.DataFrame | None:
+    """The embedding stage's rows from earlier predictions, or None unless they cover
+    every variant on every target at the workload's precision."""
+    if predictions is None or predictions.empty or not {"variant", "gpu", "arch"} <= set(predictions.columns):
+        return None
+    if "cache_ratio" in predictions.columns and predictions["cache_ratio"].notna().any():
+        return None   # a cache-size sweep: the step takes the configured cache, predicted afresh
+    df = predictions
+    if "dtype" in df.columns:
+        df = df[df["dtype"] == dtype]
+    for t in targets:
+        spec = gpu_spec(t)
+        have = set(df.loc[df["gpu"] == spec.key, "variant"])
+        if not set(variants) <= have:
+            return None
+    return df[df["gpu"].isin([gpu_spec(t).key for t in targets])]
+
+
 def open_experiment_run(exp: ExperimentConfig, out: Path | None, stage: str, resume: bool, gpu_info,
-                        backend: str = "cuda") -> RunDir:
+                        backend: str = "cuda", executor: str = "local") -> RunDir:
     """Validate `exp` for the GPU (if any) and open its run directory for `stage`
-    (default path runs/<experiment>-<gpu>)."""
+    (default path runs/<experiment>-<gpu>; -slurm when Slurm's nodes hold the GPU)."""
     exp = check_experiment(exp, gpu=gpu_info.spec() if gpu_info else None)
-    key = gpu_info.spec().key if gpu_info else ("cpu-emulation" if backend == "emulate" else None)
+    key = gpu_info.spec().key if gpu_info else ("cpu-emulation" if backend == "emulate" else
+                                                "slurm" if executor == "slurm" else None)
     path = out or default_run_dir(exp, key)
     return open_run(path, exp, run_meta(exp, path, gpu_info, backend), stage, resume)
 
@@ -279,12 +498,20 @@ class RunOutcome:
 
 
 def run_experiment(exp: ExperimentConfig, out: Path | None = None, *, resume: bool = False,
-                   progress: Progress = _quiet, ncu: str | None = None) -> RunOutcome:
-    """Run `exp` into `out`; steps that cannot run here are recorded as skipped, with why."""
-    found = devices()
+                   progress: Reporter | Progress | None = None, ncu: str | None = None, backend: str = "cuda",
+                   executor: str = "local") -> RunOutcome:
+    """Run `exp` into `out`; steps that cannot run here are recorded as skipped, with why.
+    `progress` (a Reporter, or a plain callback for one line per step) follows each step.
+    backend emulate times the CPU emulation; executor slurm measures each point as one
+    Slurm array task (the GPU is then the nodes', not this machine's)."""
+    reporter = as_reporter(progress)
+    say = reporter.message
+    if executor == "slurm":
+        require_slurm()  # before any work: one line when Slurm cannot be reached from here
+    found = devices() if backend == "cuda" and executor == "local" else []
     info = found[0] if found else None
     exp = check_experiment(exp, gpu=info.spec() if info else None)
-    run = open_experiment_run(exp, out, "bench", resume, info)
+    run = open_experiment_run(exp, out, "bench", resume, info, backend, executor)
     path = run.path
     outcome = RunOutcome(path)
     run.log(f"run {exp.name} ({'GPU ' + info.name if info else 'no GPU'})")
@@ -295,40 +522,47 @@ def run_experiment(exp: ExperimentConfig, out: Path | None = None, *, resume: bo
             fn()
         except (ToolchainNotFound, NcuNotFound) as e:
             outcome.steps[name] = f"skipped: {e}"
-            progress(f"{name} skipped: {e}")
+            say(f"{name} skipped: {e}")
         except CharacterizeError as e:
             outcome.steps[name] = f"failed: {e}"
-            progress(f"{name} failed: {e}")
+            say(f"{name} failed: {e}")
         else:
             outcome.steps[name] = "done"
         run.log(f"{name}: {outcome.steps[name]} ({time.perf_counter() - start:.1f} s)")
 
-    step("static", lambda: static_step(run, exp, progress))
-    step("locality", lambda: locality_step(run, exp, progress))
-    step("predict", lambda: predict_step(run, exp, _read_code(run, exp), progress))
-    step("e2e", lambda: e2e_step(run, exp, _read_code(run, exp), progress))
-    if info is None:
+    step("static", lambda: static_step(run, exp, reporter))
+    step("locality", lambda: locality_step(run, exp, reporter))
+    step("predict", lambda: predict_step(run, exp, _read_code(run, exp), reporter))
+    step("e2e", lambda: e2e_step(run, exp, _read_code(run, exp), reporter))
+    if info is None and backend == "cuda" and executor == "local":
         for s in ("bench", "profile"):
             outcome.steps[s] = "skipped: no CUDA GPU on this machine"
     else:
         def bench() -> None:
             points = pending_points(run, "bench", exp)
-            progress(f"bench: {len(points)} point(s)")
-            bench_points(run, points, "cuda", progress)
+            where = "CUDA events" if backend == "cuda" else "CPU emulation"
+            with reporter.task(f"bench ({where}{', Slurm' if executor == 'slurm' else ''})", total=len(points),
+                               unit="points") as task:
+                follow_points(run, "bench", points, task,
+                              lambda: measure_stage(run, "bench", exp, Placement(executor, backend), say))
 
         def profile() -> None:
-            settings = ProfileSettings(find_ncu(ncu))
+            # through Slurm, --ncu names ncu on the nodes; without it, ncu must be found here too
+            tool = ncu if executor == "slurm" and ncu else str(find_ncu(ncu))
             points = pending_points(run, "profile", exp)
-            progress(f"profile: {len(points)} point(s) under {settings.ncu}")
-            profile_points(run, exp, points, settings, progress)
+            placement = Placement(executor, backend, tool if executor == "local" or ncu else None)
+            with reporter.task(f"profile ({tool})", total=len(points), unit="points") as task:
+                follow_points(run, "profile", points, task, lambda: measure_stage(run, "profile", exp, placement, say))
 
         step("bench", bench)
         step("profile", profile)
     run.update_meta(steps=outcome.steps)
 
     def report() -> None:
-        outcome.report = render_report([path], path / "report.html")
-        progress(f"report written to {outcome.report}")
+        with reporter.task("report") as task:
+            # several GPU types (slurm.gpus): their runs side by side, compared with the first
+            outcome.report = render_report(list_runs(path / GPUS_DIR) or [path], path / "report.html")
+            task.finish(f"written to {outcome.report}")
 
     step("report", report)
     return outcome
@@ -341,15 +575,19 @@ class E2EOutcome:
 
     rows: pd.DataFrame    # variant, dataset, gpu, arch, phase, stage, time_us(_low/_high), source, speedups
     checks: pd.DataFrame  # variant, phase, backward, optimizer, max_abs_error, ok
+    training: pd.DataFrame = field(default_factory=pd.DataFrame)  # our backward's facts (kernels.training)
 
 
 def e2e(exp: ExperimentConfig, variants: Sequence[str] | None = None, archs: Sequence[str] | None = None, *,
         dlrm: DlrmConfig | None = None, backward: str = "sort", optimizer: str = "sgd",
         overheads: Overheads | None = None, check: bool = True, code: CodeFacts | None = None,
-        progress: Progress | None = None) -> E2EOutcome:
+        predictions: pd.DataFrame | None = None, progress: Reporter | Progress | None = None) -> E2EOutcome:
     """The DLRM step around each variant: checked on the CPU (or the GPU) at a small
-    size, predicted stage by stage for every target GPU, and measured when a GPU is here."""
-    say = progress or _quiet
+    size, predicted stage by stage for every target GPU, and measured when a GPU is here.
+    `predictions` (a run's, covering the variants and targets) spare predicting the
+    embedding stage again; the step runs at the workload's own precision."""
+    reporter = as_reporter(progress)
+    say = reporter.message
     dlrm = (dlrm or DlrmConfig.for_dim(exp.workload.D)).validate(exp.workload.D)
     overheads = (overheads or Overheads()).validate()
     exp = check_experiment(exp)
@@ -362,21 +600,29 @@ def e2e(exp: ExperimentConfig, variants: Sequence[str] | None = None, archs: Seq
             f"({'GPU' if found else 'CPU emulation'})")
         checks = pd.DataFrame(check_pipeline(names, backend="cuda" if found else "emulate"))
     targets = list(archs or exp.archs)
-    say(f"predicting the kernels of {', '.join(targets)}")
-    emb = predict(exp, targets, code=code, progress=say)
+    emb = _e2e_embedding(predictions, names, targets, exp.workload.dtype)
+    if emb is None:
+        emb = predict(dataclasses.replace(exp, dtypes=()), targets, code=code, progress=reporter)
     emb = emb[emb["mode"] == "steady"]
     gpus = [gpu_spec(t) for t in targets]
     constants = {g.key: load_calibration(g) or ModelConstants.defaults(g) for g in gpus}
-    unique = {}
+    unique, hottest = {}, {}
     for ds in exp.datasets:
         first, _ = load_dataset(ds, exp.workload, tables=[0]).tables[0].batch(0)
-        unique[ds] = float(len(set(first.tolist())))
+        counts = pd.Series(first).value_counts()
+        unique[ds], hottest[ds] = float(len(counts)), float(counts.max()) if len(counts) else 0.0
+    training = pd.DataFrame()
+    if backward in CUDA_BACKWARDS:   # our backward: modelled from its static and SASS facts
+        kernel = kernel_for(backward, optimizer).name
+        say(f"reading {kernel}'s registers, occupancy and hot loop for {', '.join(targets)}")
+        training = training_facts([kernel], list(dict.fromkeys(g.arch for g in gpus)), D=exp.workload.D,
+                                  dtype=exp.workload.dtype)
     rows = predict_e2e(exp.workload, dlrm, emb, gpus, constants, unique, backward=backward, optimizer=optimizer,
-                       overheads=overheads)
+                       overheads=overheads, training=training, hottest=hottest)
     if found:
         say("timing the DLRM step on the GPU")
         measured = pd.DataFrame(measure_step(exp.workload, dlrm, names, exp.datasets, backward=backward,
                                              optimizer=optimizer, params=exp.params))
         info = found[0].spec()
         rows = pd.concat([rows, measured.assign(gpu=info.key, arch=info.arch)], ignore_index=True)
-    return E2EOutcome(rows, checks)
+    return E2EOutcome(rows, checks, training)

@@ -71,3 +71,17 @@ def test_a_run_without_a_gpu_characterizes_statically_and_reports(tmp_path):
     assert set(run.predictions["variant"]) >= {"base", "optmt", "warp"}
     assert len(run.model_validation) >= 4
     assert outcome.report is not None and outcome.report.is_file()
+
+
+def test_the_e2e_step_reuses_the_runs_predictions_and_they_give_the_same_step(monkeypatch):
+    exp = dataclasses.replace(pipeline.load_experiment("quick"), variants=("base", "warp"), dtypes=("fp16",))
+    emb = pipeline.predict(exp)
+    fresh = pipeline.e2e(exp, check=False)
+    called = []
+    monkeypatch.setattr(pipeline, "predict", lambda *a, **k: called.append(a))
+    reused = pipeline.e2e(exp, check=False, predictions=emb)
+    assert not called   # the fp16 rows beside them do not force a second prediction
+    pd.testing.assert_frame_equal(reused.rows.reset_index(drop=True), fresh.rows.reset_index(drop=True))
+    partial = emb[emb["variant"] != "warp"]
+    monkeypatch.undo()
+    assert pipeline._e2e_embedding(partial, ["base", "warp"], exp.archs, exp.workload.dtype) is None
