@@ -15,6 +15,7 @@ import ctypes
 import dataclasses
 import re
 from dataclasses import dataclass, field
+from typing import Any, Mapping
 
 from characterize.errors import ConfigError, NoCudaDevice
 
@@ -383,6 +384,30 @@ def throttle_names(mask: int) -> list[str]:
     return [name for bit, name in THROTTLE_REASONS.items() if mask & bit]
 
 
+#: the reasons that slow a running kernel (idle, application clocks, sync boost and the
+#: display clock do not)
+SLOWDOWN_REASONS = ("sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown",
+                    "hw_power_brake_slowdown")
+
+
+def throttle_verdict(clocks: Mapping[str, Any]) -> dict:
+    """Whether a point ran throttled, from the NVML samples taken around it
+    (`{"before": {...}, "after": {...}}`): a slowdown reason in any sample, or power or
+    thermal violation time that grew between the first and the last sample. Clocks
+    sampled only around a point can miss a short slowdown; the violation counters
+    cannot, which is why both are read. `throttled` is None when nothing was sampled."""
+    samples = [v for v in clocks.values() if isinstance(v, Mapping) and v]
+    reasons = sorted({r for v in samples for r in v.get("throttle_reasons", ()) if r in SLOWDOWN_REASONS})
+    grown = {}
+    for key, name in (("power_violation_ns", "power"), ("thermal_violation_ns", "thermal")):
+        vals = [v[key] for v in samples if isinstance(v.get(key), (int, float))]
+        if len(vals) >= 2 and vals[-1] > vals[0]:
+            grown[name] = (vals[-1] - vals[0]) / 1e6
+    temps = [v["temperature_C"] for v in samples if isinstance(v.get("temperature_C"), (int, float))]
+    return {"throttled": bool(reasons or grown) if samples else None, "reasons": reasons,
+            "violation_ms": grown, "max_temperature_C": max(temps) if temps else None}
+
+
 def _nvml_query(h: object, calls: dict[str, object]) -> dict:
     """Each NVML call that answers (older GPUs and drivers lack some)."""
     out: dict = {}
@@ -451,6 +476,12 @@ def sample_clocks(index: int | None) -> dict:
             "memory_clock_MHz": lambda h: int(n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_MEM)),
             "temperature_C": lambda h: int(n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU)),
             "throttle_mask": lambda h: int(n.nvmlDeviceGetCurrentClocksThrottleReasons(h)),
+            # cumulative time the clocks were held down by the power or thermal limit since
+            # the driver loaded: what grows between two samples happened during the point
+            "power_violation_ns": lambda h: int(n.nvmlDeviceGetViolationStatus(
+                h, n.NVML_PERF_POLICY_POWER).violationTime),
+            "thermal_violation_ns": lambda h: int(n.nvmlDeviceGetViolationStatus(
+                h, n.NVML_PERF_POLICY_THERMAL).violationTime),
         })
     except Exception:
         out = {}

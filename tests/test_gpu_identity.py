@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from characterize import hardware
 from characterize.hardware import GPUS, device_from_dump, devices, throttle_names
 from tests.conftest import HAS_GPU
 
@@ -67,3 +68,27 @@ def test_the_live_device_answers_every_identity_field():
     where = dev.provenance()
     for f in ("sm_count", "l2_bytes", "max_persisting_l2_bytes", "hbm_GBps"):
         assert not where[f].startswith("spec table"), (f, where[f])
+
+
+# NVML samples around a point, as sample_clocks records them (values from an H100 SXM
+# under a sustained load: idle before, power-capped after; violation counters in ns)
+COOL = {"sm_clock_MHz": 1980, "temperature_C": 41, "throttle_reasons": ["gpu_idle"],
+        "power_violation_ns": 5_000_000, "thermal_violation_ns": 0}
+CAPPED = {"sm_clock_MHz": 1755, "temperature_C": 67, "throttle_reasons": ["sw_power_cap"],
+          "power_violation_ns": 5_000_000, "thermal_violation_ns": 0}
+HIDDEN = {"sm_clock_MHz": 1980, "temperature_C": 83, "throttle_reasons": [],
+          "power_violation_ns": 5_000_000, "thermal_violation_ns": 12_500_000}
+
+
+@pytest.mark.parametrize("clocks, throttled, reasons, violation", [
+    ({"before": COOL, "after": COOL}, False, [], {}),
+    ({"before": COOL, "after": CAPPED}, True, ["sw_power_cap"], {}),
+    # clocks look normal at both samples, but the thermal limit held them down in between
+    ({"before": COOL, "after": HIDDEN}, True, [], {"thermal": 12.5}),
+    ({"before": {}, "after": {}}, None, [], {}),
+])
+def test_throttle_verdict_from_recorded_nvml_samples(clocks, throttled, reasons, violation):
+    v = hardware.throttle_verdict(clocks)
+    assert v["throttled"] is throttled and v["reasons"] == reasons and v["violation_ms"] == violation
+    if throttled is not None:
+        assert v["max_temperature_C"] == max(c["temperature_C"] for c in clocks.values())

@@ -337,11 +337,13 @@ def diff_sass(a: pd.DataFrame, b: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFr
     return _table_diff(a, b, SASS_KEYS, SASS_VALUES)
 
 
-PREDICTION_KEYS = ("variant", "dataset", "gpu", "mode")
+#: a prediction is one variant x dataset x GPU x mode at one precision (and, for the
+#: cache variant, one cache size)
+PREDICTION_KEYS = ("variant", "dtype", "dataset", "gpu", "mode", "cache_ratio")
 
 
 def diff_predictions(a: pd.DataFrame, b: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Model predictions of two runs joined on (variant, dataset, gpu, mode): predicted
+    """Model predictions of two runs joined on PREDICTION_KEYS: predicted
     time on both sides, delta (µs, %), and whether the change leaves the model's band
     (`outside_band`: b's time outside a's [time_us_low, time_us_high] or the reverse;
     None when either side has no band)."""

@@ -30,7 +30,7 @@ import torch
 
 from characterize.config import ExperimentConfig, WorkloadConfig, check_memory, format_bytes
 from characterize.errors import CharacterizeError, CheckMismatch, KernelLaunchError
-from characterize.hardware import REFERENCE_ARCH, gpu_spec, require_gpu, sample_clocks
+from characterize.hardware import REFERENCE_ARCH, gpu_spec, require_gpu, sample_clocks, throttle_verdict
 from characterize.kernels.check import tolerance
 from characterize.kernels.library import QuantizedTable, TableKernel, as_dtype, bind, check_indices, dequantize
 from characterize.measure.lifeline import EXIT_ORPHANED, die_with_parent, watch_pipe
@@ -239,7 +239,8 @@ def bench_point(session: Session, variant: str, dataset: str,
         first = kernels[0]
         return {"status": "ok", "backend": session.backend, "gpu": session.gpu.name, "params": first.params,
                 "hot_rows": 0 if first.hot_rows is None else int(len(first.hot_rows)), "window": first.window,
-                "check": check, "clock_control": BENCH_CLOCK_CONTROL, "clocks": clocks, "l2_set_aside": set_aside,
+                "check": check, "clock_control": BENCH_CLOCK_CONTROL, "clocks": clocks,
+                "throttle": throttle_verdict(clocks), "l2_set_aside": set_aside,
                 "identity": session.identity, "summary": summary, "repetitions": reps,
                 "per_table_mean_us": per_table}
     finally:

@@ -13,9 +13,11 @@ import pandas as pd
 
 from characterize.analysis import compare as analyze
 from characterize.analysis import ncu
+from characterize.analysis.model.predict import primary_predictions
 from characterize.errors import CharacterizeError, ReportError
 from characterize.extract.read import read_any, wide
 from characterize.extract.rules import rule_results
+from characterize.hardware import throttle_verdict
 from characterize.report.blocks import EMULATION_STAMP
 from characterize.report.provenance import TIMING_MODES, ncu_mode_text
 from characterize.store import Run, load_run
@@ -164,6 +166,13 @@ class RunSource:
             return pd.DataFrame()
 
     @cached_property
+    def primary_predictions(self) -> pd.DataFrame:
+        """The predictions at the run's own precision (and the cache at its default
+        size): one row per variant x dataset x GPU x mode."""
+        dtype = ((self.meta.get("experiment") or {}).get("workload") or {}).get("dtype")
+        return primary_predictions(self.predictions, dtype)
+
+    @cached_property
     def failures(self) -> pd.DataFrame:
         return self.run.failures
 
@@ -220,6 +229,21 @@ class RunSource:
             found = {str(p.get("clock_control") or "not recorded") for p in points if p.get("status") == "ok"}
             if found:
                 out[stage] = sorted(found)
+        return out
+
+    @cached_property
+    def throttled_points(self) -> list[str]:
+        """The finished bench points that ran throttled (NVML slowdown reasons or power
+        or thermal violation time during the point), each with why: their times are
+        slower than the GPU's normal clocks give."""
+        out = []
+        for p in self.bench_points:
+            if p.get("status") != "ok":
+                continue
+            v = p.get("throttle") or throttle_verdict(p.get("clocks") or {})
+            if v.get("throttled"):
+                why = [*v.get("reasons", []), *(f"{k} limit {ms:.1f} ms" for k, ms in v.get("violation_ms", {}).items())]
+                out.append(f"{p.get('variant')} {p.get('dataset')} ({', '.join(why)})")
         return out
 
     @property

@@ -52,3 +52,11 @@ def test_mixed_clocks_are_flagged(tmp_path):
     row = dict(_methodology_rows(s))["clock policy"]
     assert isinstance(row, Cell) and row.cls == "missing"
     assert "mixed clocks: bench at none; profile at base" in row.text and "not comparable" in row.text
+
+
+def test_throttled_points_are_marked(tmp_path):
+    s = _run(tmp_path, "none")   # the point's last NVML sample says sw_power_cap
+    rows = dict(_methodology_rows(s))
+    assert s.throttled_points == ["base medium (sw_power_cap)"]
+    assert isinstance(rows["throttled points"], Cell) and rows["throttled points"].cls == "missing"
+    assert rows["throttled points"].text == "1 of 1: base medium (sw_power_cap)"

@@ -116,6 +116,24 @@ def predict_experiment(exp: ExperimentConfig, archs: Iterable[str] | None = None
 
 
 
+def primary_predictions(pred: pd.DataFrame, dtype: str | None = None, cache_ratio: float = 0.015) -> pd.DataFrame:
+    """One row per variant x dataset x GPU x mode: the rows at the workload's precision
+    `dtype` (the first one predicted when None), and of a cache-size sweep the size
+    closest to `cache_ratio`. What headlines, tables and predicted-vs-measured compare;
+    the precision grid and the cache panels read every row."""
+    if pred.empty:
+        return pred
+    p = pred
+    if "dtype" in p.columns:
+        p = p[p["dtype"] == (dtype if dtype in set(p["dtype"]) else p["dtype"].iloc[0])]
+    if "cache_ratio" in p.columns and p["cache_ratio"].notna().any():
+        swept = p["cache_ratio"].notna()
+        ratios = p.loc[swept, "cache_ratio"].astype(float)
+        closest = float(ratios.iloc[(ratios - cache_ratio).abs().argsort().iloc[0]])
+        p = p[~swept | np.isclose(p["cache_ratio"].astype(float), closest)]
+    return p.reset_index(drop=True)
+
+
 def precision_grid(pred: pd.DataFrame, reference: str = "fp32") -> pd.DataFrame:
     """Predicted speedup of each (dtype, variant) over `reference`-precision base, per GPU:
     the geometric mean over datasets of base's time at the reference precision over the

@@ -207,6 +207,10 @@ def _methodology_rows(s: RunSource) -> list[tuple[str, Any]]:
         throttled = sorted({r for c in sampled for r in c.get("throttle_reasons", []) if r != "gpu_idle"})
         rows.append(("clocks sampled (NVML, around each point)",
                      f"SM {min(sm)}-{max(sm)} MHz; throttle reasons: {', '.join(throttled) or 'none'}"))
+    if sampled or any(p.get("throttle") for p in ok):
+        hot = s.throttled_points
+        rows.append(("throttled points", Cell(f"{len(hot)} of {len(ok)}: {'; '.join(hot)}", "missing") if hot
+                     else f"none of {len(ok)}"))
     modes = s.replay_modes
     if modes:
         own = {m: v for m, v in modes.items() if m != "default"}
@@ -322,7 +326,7 @@ def predicted_speedups(p: pd.DataFrame) -> pd.DataFrame:
 
 def _predicted_headline_panel(s: RunSource) -> PanelOutput:
     """With nothing measured, the headline shows the model's predictions with their bands."""
-    p = s.predictions
+    p = s.primary_predictions
     if p.empty or not {"variant", "dataset", "time_us"} <= set(p.columns):
         raise Missing(_points_missing(s, "bench", _BENCH_HINT) + " No model predictions either (predictions.csv).")
     if "mode" in p.columns and (p["mode"] == "steady").any():
@@ -483,7 +487,7 @@ def sass_view(s: RunSource) -> pd.DataFrame:
         d = d[d["role"].fillna("lookup").astype(str) == "lookup"]
     d["variant"] = d["variant"].astype(str)
     d["arch"] = d["arch"].astype(str)
-    p = s.predictions
+    p = s.primary_predictions
     if not p.empty and {"variant", "arch", "loads_in_flight"} <= set(p.columns):
         g = p.groupby(["variant", "arch"])["loads_in_flight"]
         m = pd.DataFrame({"model_loads_in_flight": g.median(), "model_lo": g.min(), "model_hi": g.max()}).reset_index()
@@ -587,6 +591,11 @@ def _p_latency(s: RunSource) -> PanelOutput:
                              note="stable: the CI is within the experiment's target"))
     if s.emulated:
         blocks.insert(0, NoteBlock("CPU-emulation timings: they check the harness, NOT GPU performance.", "warning"))
+    elif s.throttled_points:
+        blocks.insert(0, NoteBlock(f"Throttled while timed (power or thermal limit, NVML): "
+                                   f"{'; '.join(s.throttled_points)}. These points ran below the GPU's normal "
+                                   "clocks; compare them with care, or bench them again once the GPU is cool.",
+                                   "warning"))
     return PanelOutput(blocks, modes="; ".join(s.timing_mode(m) for m in s.modes))
 
 
@@ -909,7 +918,7 @@ def _p_e2e(s: RunSource) -> PanelOutput:
 
 
 def _p_predictions(s: RunSource) -> PanelOutput:
-    p = s.predictions.copy()
+    p = s.primary_predictions.copy()
     lacking = sorted({"variant", "dataset"} - set(p.columns))
     if lacking:
         raise Missing(f"predictions.csv lacks the column(s) {', '.join(lacking)}")
@@ -954,7 +963,7 @@ def _p_predicted_vs_measured(s: RunSource) -> PanelOutput:
         raise Missing("the timings are CPU emulation; predictions of GPU time are compared with GPU measurements "
                       "only")
     key = s.gpu.get("key")
-    p = s.predictions
+    p = s.primary_predictions
     if not {"variant", "dataset", "time_us"} <= set(p.columns):
         raise Missing("predictions.csv has no variant/dataset/time_us columns to compare")
     if not key:
