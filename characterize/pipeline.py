@@ -40,9 +40,10 @@ from characterize.errors import (
     UnsupportedShape,
     WorkloadError,
 )
-from characterize.hardware import DEFAULT_GPU, GPUS, devices, gpu_spec, normalize_arch
+from characterize.hardware import DEFAULT_GPU, GPUS, devices, gpu_spec, normalize_arch, require_gpu
 from characterize.kernels.build import BuildTally, observe_builds
-from characterize.kernels.registry import HOST_VARIANTS, VARIANT_ORDER, default_cache_rows, get_variant
+from characterize.kernels.check import CheckResult, check_variants
+from characterize.kernels.registry import DTYPES, HOST_VARIANTS, VARIANT_ORDER, default_cache_rows, get_variant
 from characterize.kernels.static import analyze_variants, static_characterization
 from characterize.kernels.training import CUDA_BACKWARDS, kernel_for, training_facts
 from characterize.measure.e2e import check_pipeline, measure_step
@@ -626,3 +627,42 @@ def e2e(exp: ExperimentConfig, variants: Sequence[str] | None = None, archs: Seq
         info = found[0].spec()
         rows = pd.concat([rows, measured.assign(gpu=info.key, arch=info.arch)], ignore_index=True)
     return E2EOutcome(rows, checks, training)
+
+
+# --------------------------------------------------------------- self-test
+SELFTEST_EXPERIMENT = "selftest"
+
+
+@dataclass
+class SelftestOutcome:
+    checks: list[CheckResult]
+    run: RunOutcome
+    seconds: float
+    problems: list[str]   # empty: the whole GPU path works on this GPU
+
+
+def selftest_gpu(out: Path | None = None, *, ncu: str | None = None, resume: bool = False,
+                 progress: Reporter | Progress | None = None) -> SelftestOutcome:
+    """The whole GPU path on this machine's first GPU, in minutes: every variant checked
+    against torch on the device (every dtype, sum and mean), then the selftest
+    experiment built, benched, profiled under ncu and reported into profiles/<gpu>/.
+    Raises NoCudaDevice without a GPU. Nothing is hidden: a failed check, a skipped
+    or failed step, or a failed point is a problem, and the run keeps what finished."""
+    gpu = require_gpu()
+    rep = as_reporter(progress)
+    start = time.perf_counter()
+    with rep.task("check every variant on the GPU") as task:
+        checks = check_variants(None, HOTNESS_ORDER, WorkloadConfig.tiny(), ("sum", "mean"), "cuda",
+                                dtypes=list(DTYPES))
+        bad = [c for c in checks if c.passed is False]
+        task.finish(f"{sum(c.passed is True for c in checks)} passed, {len(bad)} failed")
+    exp = load_experiment(SELFTEST_EXPERIMENT)
+    path = out or Path("profiles") / gpu.spec().key
+    outcome = run_experiment(exp, path, resume=resume, progress=rep, ncu=ncu)
+    problems = [f"check {c.variant} {c.dtype} {c.dataset} {c.mode}: max error {c.max_abs_err:.3g} over "
+                f"{c.tolerance:.3g}{' (' + c.error + ')' if c.error else ''}" for c in bad]
+    problems += [f"{step}: {why.splitlines()[0]}" for step, why in outcome.steps.items() if why != "done"]
+    failures = load_run(outcome.path).failures
+    problems += [f"{r.get('kind', '?')} {r.get('variant', '?')} {r.get('dataset', '?')}: {r.get('error', '')}"
+                 for r in failures.to_dict("records")]
+    return SelftestOutcome(checks, outcome, time.perf_counter() - start, problems)

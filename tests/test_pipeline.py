@@ -40,9 +40,9 @@ def test_a_variant_that_cannot_run_D_is_refused_by_name():
 
 
 def test_shipped_experiments_load():
-    for name in ("paper", "quick"):
+    for name in ("paper", "quick", "selftest"):
         assert pipeline.load_experiment(name).name == name
-    with pytest.raises(ConfigError, match="available: paper, quick"):
+    with pytest.raises(ConfigError, match="available: paper, quick, selftest"):
         pipeline.load_experiment("nope")
 
 

@@ -214,3 +214,32 @@ def run_cmd(experiment: str, out: Path | None, resume: bool, ncu_path: str | Non
                           f"; everything else is in {outcome.path}")
 
 
+
+
+# ------------------------------------------------------------------ selftest
+@main.command("selftest")
+@click.option("--gpu", "on_gpu", is_flag=True, help="the whole GPU path on this machine's GPU (required)")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="run directory [profiles/<gpu>]")
+@click.option("--ncu", "ncu_path", default=None, help="path to the ncu executable")
+@click.option("--resume", is_flag=True, help="continue an interrupted self-test, keeping finished points")
+def selftest(on_gpu: bool, out: Path | None, ncu_path: str | None, resume: bool) -> None:
+    """The whole GPU path in minutes: every variant checked on the device, then the
+    selftest experiment built, benched, profiled and reported into profiles/<gpu>/ (the
+    reference run to commit)."""
+    from characterize.errors import StepsFailed
+    from characterize.pipeline import selftest_gpu
+
+    if not on_gpu:
+        raise click.UsageError("the self-test measures on a GPU: pass --gpu (without one, `characterize check` "
+                               "and `characterize run quick` test the CPU path)")
+    with TerminalReporter() as reporter:
+        result = selftest_gpu(out, ncu=ncu_path, resume=resume, progress=reporter)
+    click.echo(f"run directory: {result.run.path}")
+    if result.run.report:
+        click.echo(f"report: {result.run.report}")
+    echo_err(f"self-test finished in {result.seconds:.0f} s")
+    if result.problems:
+        raise StepsFailed(f"{len(result.problems)} problem(s): " + "; ".join(result.problems[:8]) +
+                          (" ..." if len(result.problems) > 8 else "") + f"; what finished is in {result.run.path}")
+    click.echo("self-test passed: every variant matched torch on the GPU, and every point was timed and profiled")

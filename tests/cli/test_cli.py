@@ -72,3 +72,27 @@ def test_bad_config_is_a_message_not_a_traceback():
     assert r.exit_code == 0 and "2 skipped" in r.output and "multiple of 4" in r.output
     r = run("check", "--variants", "warp", "--D", 30, "--datasets", "high", "--backend", "emulate")
     assert r.exit_code == 1 and "nothing was checked" in r.output
+
+
+@pytest.mark.skipif(HAS_GPU, reason="checks the no-GPU path")
+def test_selftest_without_a_gpu_says_so_and_exits_non_zero(tmp_path):
+    r = run("selftest", "--gpu", "--out", tmp_path / "ref")
+    assert r.exit_code == 4 and "no CUDA device is visible" in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "ref").exists()
+    r = run("selftest")
+    assert r.exit_code == 2 and "pass --gpu" in r.output
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_selftest_runs_the_whole_gpu_path_in_minutes(tmp_path):
+    import time
+
+    from characterize.store import load_run
+
+    start = time.perf_counter()
+    r = run("selftest", "--gpu", "--out", tmp_path / "ref")
+    assert r.exit_code == 0, r.output
+    assert time.perf_counter() - start < 600
+    ref = load_run(tmp_path / "ref")
+    assert ref.failures.empty and not ref.bench.empty and (tmp_path / "ref" / "report.html").is_file()
