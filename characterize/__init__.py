@@ -36,6 +36,7 @@ _API = {
     "stall_breakdown": "analysis.compare", "compare_runs": "analysis.compare", "compare_sources": "analysis.compare",
     "gmae": "analysis.calibrate", "compare_to_measured": "analysis.calibrate", "fit_run": "analysis.calibrate",
     "load_calibration": "analysis.calibrate", "predict_experiment": "analysis.model.predict",
+    "primary_predictions": "analysis.model.predict", "precision_grid": "analysis.model.predict",
     "paper_claims": "analysis.claims", "PAPER_CLAIMS": "analysis.claims",
     # one Nsight Compute report's kernels: speed of light, weighted stalls, roofline, matching
     "kernel_summary": "analysis.ncu", "weighted_stalls": "analysis.ncu", "roofline": "analysis.ncu",

@@ -172,6 +172,10 @@ def test_two_gpu_types_are_measured_into_one_run_and_compared_side_by_side(slurm
 def test_resume_after_the_submitter_was_killed_cancels_its_orphaned_jobs_first(slurm_env, tmp_path):
     exp = write_experiment(tmp_path, variants=("torch", "base", "warp"), datasets=("random",), caps=(),
                            max_reps=3, budget=0.1)
+    # the first submission's jobs wait in their setup until the flag exists, so they are
+    # still running when the resume starts, however fast the node is; the resubmitted ones do not wait
+    flag = tmp_path / "go"
+    exp.write_text(exp.read_text() + f'\n[slurm]\nsetup = ["[ -e {flag} ] || sleep 300"]\n')
     out = tmp_path / "run"
     args = [sys.executable, "-m", "characterize.cli", "bench", str(exp), "--backend", "emulate", "--executor",
             "slurm", "--out", str(out)]
@@ -184,7 +188,11 @@ def test_resume_after_the_submitter_was_killed_cancels_its_orphaned_jobs_first(s
     proc.wait()
     assert record.is_file()
     array = re.findall(r"\d+", record.read_text())[0]
-    assert any(s in ("PENDING", "RUNNING") for s in squeue(slurm_env, array).values())
+    deadline = time.monotonic() + 120
+    while "RUNNING" not in squeue(slurm_env, array).values() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert "RUNNING" in squeue(slurm_env, array).values()
+    flag.touch()
     r = cli(slurm_env, *args[3:], "--resume", timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert re.search(rf"cancelled \d+ job\(s\) of an earlier submission still queued or running \(arrays {array}\)",

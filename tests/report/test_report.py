@@ -251,7 +251,7 @@ def test_gpu_run_renders_every_section_with_provenance(gpu_html):
         assert f'id="s1-{pid}"' in html and not is_missing(html, f"s1-{pid}"), pid
     assert "panel is-error" not in html
     env = panel_html(html, "s1-environment")
-    for text in ("NVIDIA A100-SXM4-80GB", "550.54.15", "SM 1410 MHz", "--cache-control none", "--clock-control base",
+    for text in ("NVIDIA A100-SXM4-80GB", "550.54.15", "SM 1410 MHz", "--cache-control none", "--clock-control none",
                  "git revision", "command line", "torch"):
         assert text in env, text
     # provenance of every kind of number
