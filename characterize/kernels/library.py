@@ -63,8 +63,9 @@ class EmuState(ctypes.Structure):
                 ("_pad", ctypes.c_int32), ("prefetch_count", ctypes.c_int64)]
 
 
-class KernelLibrary:
-    """A built libchz.so opened with ctypes."""
+class CudaLibrary:
+    """A built kernel library (CUDA or the CPU emulation) opened with ctypes: what every
+    library of ours exports (chz_error_string, chz_dtype) and how its codes become errors."""
 
     def __init__(self, result: BuildResult):
         self.build = result
@@ -73,6 +74,24 @@ class KernelLibrary:
             self.lib = ctypes.CDLL(str(result.library))
         except OSError as e:
             raise KernelLaunchError(f"cannot load {result.library}: {e}") from None
+        self.lib.chz_error_string.argtypes = [ctypes.c_int]
+        self.lib.chz_error_string.restype = ctypes.c_char_p
+        self.dtype = next(n for n, c in DTYPE_CODES.items() if c == self.lib.chz_dtype())
+
+    def check(self, code: int, what: str) -> None:
+        if code == 0:
+            return
+        message = self.lib.chz_error_string(code).decode(errors="replace")
+        if code in (10002, 10004):   # CHZ_ERR_UNSUPPORTED, CHZ_ERR_DTYPE: the shape, not a failure
+            raise UnsupportedShape(f"{what}: {message}")
+        raise KernelLaunchError(f"{what} failed: {message} (code {code})")
+
+
+class KernelLibrary(CudaLibrary):
+    """The lookup kernels' libchz.so."""
+
+    def __init__(self, result: BuildResult):
+        super().__init__(result)
         L = self.lib
         for name in ("chz_forward_base", "chz_forward_rpf", "chz_forward_warp", "chz_forward_wrong"):
             fn = getattr(L, name)
@@ -87,13 +106,10 @@ class KernelLibrary:
                                           ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64),
                                           ctypes.POINTER(ctypes.c_float)]
         L.chz_l2_window_restore.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-        L.chz_error_string.argtypes = [ctypes.c_int]
-        L.chz_error_string.restype = ctypes.c_char_p
         L.chz_warp_group.argtypes = [ctypes.c_int64]
         L.chz_l2_reset.restype = ctypes.c_int
         L.chz_l2_set_aside.argtypes = [ctypes.c_uint64, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64)]
         L.chz_l2_set_aside_restore.argtypes = [ctypes.c_uint64]
-        self.dtype = next(n for n, c in DTYPE_CODES.items() if c == L.chz_dtype())
         L.chz_kernel_info.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(ctypes.c_int),
                                       ctypes.POINTER(ctypes.c_int)]
         if self.emulated:
@@ -101,14 +117,6 @@ class KernelLibrary:
             L.chz_emu_configure.argtypes = [ctypes.c_uint64] * 3
             L.chz_emu_prefetch_log.argtypes = [ctypes.c_void_p, ctypes.c_int64]
             L.chz_emu_prefetch_log.restype = ctypes.c_int64
-
-    def check(self, code: int, what: str) -> None:
-        if code == 0:
-            return
-        message = self.lib.chz_error_string(code).decode(errors="replace")
-        if code in (10002, 10004):
-            raise UnsupportedShape(f"{what}: {message}")
-        raise KernelLaunchError(f"{what} failed: {message} (code {code})")
 
     def l2_set_aside(self, nbytes: int) -> tuple[int, int]:
         """Set the persisting-L2 set-aside for `nbytes` of pinned rows (capped by the

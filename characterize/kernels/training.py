@@ -31,7 +31,7 @@ from characterize.errors import (
 )
 from characterize.hardware import ARCHS, normalize_arch
 from characterize.kernels.build import DTYPE_CODES, TRAINING_SOURCE, BuildResult, BuildSpec, build, build_many
-from characterize.kernels.library import TORCH_DTYPES
+from characterize.kernels.library import TORCH_DTYPES, CudaLibrary
 from characterize.kernels.occupancy import theoretical_occupancy
 from characterize.kernels.sass import MEMORY_LATENCY, LoopRow, analyze_kernel, kernel_code, kernels_in
 from characterize.kernels.static import StaticRow
@@ -67,38 +67,22 @@ class BwdArgs(ctypes.Structure):
     ]
 
 
-class TrainingLibrary:
-    """A built training library opened with ctypes."""
+class TrainingLibrary(CudaLibrary):
+    """The training kernels' library."""
 
     def __init__(self, result: BuildResult):
-        self.build = result
-        self.emulated = result.spec.target == "emulate"
-        try:
-            self.lib = ctypes.CDLL(str(result.library))
-        except OSError as e:
-            raise KernelLaunchError(f"cannot load {result.library}: {e}") from None
+        super().__init__(result)
         L = self.lib
         for k in TRAINING_KERNELS.values():
             fn = getattr(L, k.entry)
             fn.argtypes = [ctypes.POINTER(BwdArgs), ctypes.c_int, ctypes.c_void_p]
             fn.restype = ctypes.c_int
-        L.chz_error_string.argtypes = [ctypes.c_int]
-        L.chz_error_string.restype = ctypes.c_char_p
         L.chz_bwd_chunks.argtypes = [ctypes.c_int64]
         L.chz_bwd_kernel_info.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int,
                                           ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int)]
         if L.chz_bwd_args_size() != ctypes.sizeof(BwdArgs):
             raise KernelLaunchError(f"{result.library}: chz_bwd_args is {L.chz_bwd_args_size()} bytes in C but "
                                     f"{ctypes.sizeof(BwdArgs)} in Python; rebuild after updating both")
-        self.dtype = next(n for n, c in DTYPE_CODES.items() if c == L.chz_dtype())
-
-    def check(self, code: int, what: str) -> None:
-        if code == 0:
-            return
-        message = self.lib.chz_error_string(code).decode(errors="replace")
-        if code in (10002, 10004):
-            raise UnsupportedShape(f"{what}: {message}")
-        raise KernelLaunchError(f"{what} failed: {message} (code {code})")
 
     def kernel_info(self, kernel: str, D: int) -> tuple[int, int]:
         """(resident blocks per SM, registers per thread) as the CUDA runtime reports them."""
