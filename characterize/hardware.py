@@ -238,10 +238,8 @@ _add(GpuSpec("h100-nvl", "NVIDIA H100 NVL", "sm_90", 132, 50 * MiB, int(37.5 * M
              "FP32 60, TF32 417.5, FP16 835.5 TFLOP/s dense", (),
              l1_data_bytes=224 * KiB, l1_latency_ns=20.0,
              fp32_TFLOPS=60.0, tf32_TFLOPS=417.5, fp16_TFLOPS=835.5, pcie_GBps=50.0, host_link="PCIe 5.0 x16"))
-_add(GpuSpec("h800", "NVIDIA H800", "sm_90", 132, 50 * MiB, int(37.5 * MiB), 80 * GiB,
-             3350.0, 7500.0, 1980, 1590, 260.0, 480.0, _H100_SRC, (),
-             l1_data_bytes=224 * KiB, l1_latency_ns=20.0,
-             fp32_TFLOPS=67.0, tf32_TFLOPS=494.7, fp16_TFLOPS=989.4, pcie_GBps=50.0, host_link="PCIe 5.0 x16"))
+# the export-compliant H100 SXM: the same chip, memory and clocks (only NVLink is slower)
+_add(dataclasses.replace(GPUS["h100-sxm"], key="h800", name="NVIDIA H800", aliases=()))
 _add(GpuSpec("h200", "NVIDIA H200", "sm_90", 132, 50 * MiB, int(37.5 * MiB), 141 * 10**9,
              4800.0, 7500.0, 1980, 1590, 260.0, 470.0, _H100_SRC, (),
              l1_data_bytes=224 * KiB, l1_latency_ns=20.0,

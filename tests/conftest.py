@@ -10,6 +10,9 @@ import pytest
 import torch
 
 from characterize.config import WorkloadConfig
+from characterize.errors import ToolchainNotFound
+from characterize.kernels.build import find_nvcc
+from characterize.kernels.sass import find_cuobjdump
 
 HAS_GPU = torch.cuda.is_available()
 
@@ -84,3 +87,18 @@ def write_experiment(tmp: Path, name: str = "tiny", datasets=("medium", "random"
                                         variants=json.dumps(list(variants)), caps=json.dumps(list(caps)),
                                         max_reps=max_reps, budget=budget, modes=json.dumps(list(modes))))
     return p
+
+
+def missing_cuda_tools() -> str | None:
+    """Why nvcc or cuobjdump cannot be found here, or None when both can."""
+    try:
+        find_cuobjdump()
+        find_nvcc()
+    except ToolchainNotFound as e:
+        return str(e)
+    return None
+
+
+#: tests that compile kernels and read their SASS
+needs_tools = pytest.mark.skipif(missing_cuda_tools() is not None,
+                                 reason=f"cuobjdump or nvcc missing: {missing_cuda_tools()}")

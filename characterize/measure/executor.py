@@ -163,19 +163,24 @@ def _sbatch_message(e: BaseException) -> str:
     return (said or lines[-1:] or [type(e).__name__])[0]
 
 
+def _query(cmd: Sequence[str]) -> list[list[str]]:
+    """The '|'-separated fields of each line a Slurm query prints; none when it cannot
+    run (a scheduler that does not answer is asked again at the next poll)."""
+    try:
+        out = subprocess.run(list(cmd), capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line.strip().split("|") for line in out.stdout.splitlines()]
+
+
 def _slurm_states(array_ids: Sequence[str]) -> dict[str, dict[str, str]]:
     """State, reason, node and exit code of every task of the given arrays, as squeue
     lists them (finished jobs stay listed for the cluster's MinJobAge)."""
     if not array_ids:
         return {}
     cmd = ["squeue", "--array", "--states=all", "--noheader", "--format=%i|%T|%r|%N", "--jobs", ",".join(array_ids)]
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError):
-        return {}
     states = {}
-    for line in out.stdout.splitlines():
-        parts = line.strip().split("|")
+    for parts in _query(cmd):
         if len(parts) == 4:
             states[parts[0]] = {"state": parts[1].split()[0], "reason": parts[2], "node": parts[3]}
     return states
@@ -187,13 +192,8 @@ def _sacct_states(job_ids: Sequence[str]) -> dict[str, dict[str, str]]:
         return {}
     cmd = ["sacct", "--parsable2", "--noheader", "--format=JobID,State,Reason,NodeList,ExitCode", "--jobs",
            ",".join(job_ids)]
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError):
-        return {}
     states = {}
-    for line in out.stdout.splitlines():
-        parts = line.strip().split("|")
+    for parts in _query(cmd):
         if len(parts) >= 5 and "." not in parts[0]:
             states[parts[0]] = {"state": parts[1].split()[0], "reason": parts[2], "node": parts[3],
                                 "exit_code": parts[4]}

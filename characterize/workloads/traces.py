@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import warnings
 import zipfile
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
@@ -495,25 +496,21 @@ def _table_streams(p: Path) -> list[tuple[int | None, Callable[[], Iterator[np.n
     return [(len(a), lambda a=a: iter([a])) for a in arrays]
 
 
-def load_trace(path: str | Path, config: WorkloadConfig | None = None, rows: int | None = None,
-               tables: int | None = None) -> Dataset:
-    """Load a trace file: .txt (one index per line), .npy (1-D stream or 2-D [tables, n]),
-    .npz (indices+offsets[+lengths], or one array per table), .pt (dlrm_datasets:
-    indices, offsets, lengths). `rows` is E (inferred from the largest index if None).
-    Any damage is a WorkloadError naming the file; memory is checked before loading."""
+def _trace_file(path: str | Path) -> Path:
+    """`path` as a Path, or WorkloadError when no such file exists."""
     p = Path(path)
-    config = config or WorkloadConfig()
     if not p.is_file():
         where = "" if p.is_absolute() else f" (relative to {Path.cwd()})"
         raise WorkloadError(f"{p}: no such trace file{where}; check the path")
-    T = tables or config.T
-    suffix = p.suffix.lower()
+    return p
+
+
+@contextmanager
+def _reading(p: Path) -> Iterator[None]:
+    """Reading trace file `p`: running out of memory, or any damage numpy, zipfile and
+    zlib report in their own exception types, becomes one domain error naming the file."""
     try:
-        if suffix == ".npz":
-            return _load_npz(p, config, rows, T)
-        if suffix in (".pt", ".pth"):
-            return _load_pt(p, config, rows, T)
-        return _streams_to_dataset(_file_streams(p), p, config, rows, T)
+        yield
     except CharacterizeError:
         raise
     except MemoryError:
@@ -523,6 +520,24 @@ def load_trace(path: str | Path, config: WorkloadConfig | None = None, rows: int
         first = (str(e).strip().splitlines() or [""])[0][:200]
         raise WorkloadError(f"{p}: cannot read the trace ({type(e).__name__}: {first}); the file is damaged, "
                             "truncated or not in a supported format") from None
+
+
+def load_trace(path: str | Path, config: WorkloadConfig | None = None, rows: int | None = None,
+               tables: int | None = None) -> Dataset:
+    """Load a trace file: .txt (one index per line), .npy (1-D stream or 2-D [tables, n]),
+    .npz (indices+offsets[+lengths], or one array per table), .pt (dlrm_datasets:
+    indices, offsets, lengths). `rows` is E (inferred from the largest index if None).
+    Any damage is a WorkloadError naming the file; memory is checked before loading."""
+    p = _trace_file(path)
+    config = config or WorkloadConfig()
+    T = tables or config.T
+    suffix = p.suffix.lower()
+    with _reading(p):
+        if suffix == ".npz":
+            return _load_npz(p, config, rows, T)
+        if suffix in (".pt", ".pth"):
+            return _load_pt(p, config, rows, T)
+        return _streams_to_dataset(_file_streams(p), p, config, rows, T)
 
 
 @dataclass
@@ -541,15 +556,12 @@ def read_table(path: str | Path, table: int = 0, rows: int | None = None, lookup
     streams (.txt, 1-D .npy) are one table, read in chunks: only `lookups` are kept, but
     the whole stream is range-checked and counted. What the bench reads (batches of B
     bags, streams read circularly) is `load_trace`."""
-    p = Path(path)
-    if not p.is_file():
-        where = "" if p.is_absolute() else f" (relative to {Path.cwd()})"
-        raise WorkloadError(f"{p}: no such trace file{where}; check the path")
+    p = _trace_file(path)
     if table < 0:
         raise ConfigError(f"table must be 0 or more, got {table}")
     if lookups is not None and lookups < 1:
         raise ConfigError(f"lookups must be a positive number, got {lookups}")
-    try:
+    with _reading(p):
         streams = _table_streams(p)
         if table >= len(streams):
             one = " (one stream of lookups)" if len(streams) == 1 else ""
@@ -563,15 +575,6 @@ def read_table(path: str | Path, table: int = 0, rows: int | None = None, lookup
                          "analyze the first N lookups (--lookups N)")
         keep = lookups if lookups is not None else (length if length is not None else 1 << 62)
         scan = _scan(read(), keep, rows, p, table)
-    except CharacterizeError:
-        raise
-    except MemoryError:
-        raise MemoryBudgetError(f"{p}: ran out of memory while loading; lower the memory budget's share or "
-                                "use a smaller trace") from None
-    except Exception as e:  # noqa: BLE001 - numpy, zipfile and zlib raise assorted types on damaged files
-        first = (str(e).strip().splitlines() or [""])[0][:200]
-        raise WorkloadError(f"{p}: cannot read the trace ({type(e).__name__}: {first}); the file is damaged, "
-                            "truncated or not in a supported format") from None
     if lookups is not None and lookups > scan.length:
         raise ConfigError(f"{p}: table {table} holds {scan.length:,} lookups; --lookups {lookups:,} asks for more. "
                           f"Ask for at most {scan.length:,}, or pass --as-consumed to read the file circularly "

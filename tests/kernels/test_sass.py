@@ -21,19 +21,8 @@ from characterize.kernels.sass import (
     parse_sass,
 )
 from characterize.kernels.static import analyze_variants
+from tests.conftest import missing_cuda_tools, needs_tools
 
-
-def _missing_tools() -> str | None:
-    try:
-        find_cuobjdump()
-        find_nvcc()
-    except ToolchainNotFound as e:
-        return str(e)
-    return None
-
-
-needs_tools = pytest.mark.skipif(_missing_tools() is not None,
-                                 reason=f"cuobjdump or nvcc missing: {_missing_tools()}")
 ARCHS = ["sm_80", "sm_90"]
 
 
@@ -231,8 +220,8 @@ template __global__ void guarded_prefetch<4>(const float*, const long long*, lon
 
 @pytest.fixture(scope="module")
 def serial_cubins(tmp_path_factory):
-    if _missing_tools():
-        pytest.skip(f"cuobjdump or nvcc missing: {_missing_tools()}")
+    if missing_cuda_tools():
+        pytest.skip(f"cuobjdump or nvcc missing: {missing_cuda_tools()}")
     d = tmp_path_factory.mktemp("serial")
     src = d / "serial.cu"
     src.write_text(SERIAL_CU)

@@ -10,10 +10,9 @@ import ctypes
 import pytest
 import torch
 
-from characterize.errors import ConfigError, ToolchainNotFound, UnsupportedShape
+from characterize.errors import ConfigError, UnsupportedShape
 from characterize.kernels import training as tr
-from characterize.kernels.build import find_nvcc
-from characterize.kernels.sass import find_cuobjdump
+from tests.conftest import needs_tools
 
 E, B = 1009, 127
 
@@ -215,16 +214,6 @@ def test_bad_input_is_refused_with_a_domain_error():
 
 
 # ------------------------------------------------------------ static, SASS
-def _missing_tools() -> str | None:
-    try:
-        find_cuobjdump()
-        find_nvcc()
-    except ToolchainNotFound as e:
-        return str(e)
-    return None
-
-
-needs_tools = pytest.mark.skipif(_missing_tools() is not None, reason=f"cuobjdump or nvcc missing: {_missing_tools()}")
 
 
 @needs_tools

@@ -23,11 +23,12 @@ from characterize.analysis.model.e2e import (
 from characterize.cli import main
 from characterize.cli.e2e import E2E_KEYS
 from characterize.config import DlrmConfig, WorkloadConfig
-from characterize.errors import ConfigError, ToolchainNotFound
+from characterize.errors import ConfigError
 from characterize.hardware import gpu_spec
 from characterize.kernels.registry import VARIANT_ORDER
 from characterize.kernels.training import CUDA_BACKWARDS, training_facts
 from characterize.measure import e2e
+from tests.conftest import needs_tools
 
 
 def test_every_variant_runs_the_step_like_autograd_and_wrong_does_not():
@@ -147,19 +148,6 @@ def test_stage_gmae_joins_measured_and_predicted_stages():
     assert stage_gmae(rows[rows["source"] == "predicted"]).empty
 
 
-def _missing_tools() -> str | None:
-    from characterize.kernels.build import find_nvcc
-    from characterize.kernels.sass import find_cuobjdump
-
-    try:
-        find_cuobjdump()
-        find_nvcc()
-    except ToolchainNotFound as e:
-        return str(e)
-    return None
-
-
-needs_tools = pytest.mark.skipif(_missing_tools() is not None, reason=f"cuobjdump or nvcc missing: {_missing_tools()}")
 
 
 @needs_tools
