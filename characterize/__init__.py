@@ -34,8 +34,8 @@ _API = {
     "read_report": "extract.ncu_rep", "read_csv": "extract.ncu_csv", "read_any": "extract.read", "wide": "extract.read",
     "rule_results": "extract.rules", "speedups": "analysis.compare", "headline": "analysis.compare",
     "stall_breakdown": "analysis.compare", "compare_runs": "analysis.compare", "compare_sources": "analysis.compare",
-    "gmae": "analysis.calibrate", "compare_to_measured": "analysis.calibrate", "fit_run": "analysis.calibrate",
-    "load_calibration": "analysis.calibrate", "predict_experiment": "analysis.model.predict",
+    "gmae": "analysis.model.scores", "compare_to_measured": "analysis.calibrate", "fit_run": "analysis.calibrate",
+    "load_calibration": "analysis.model.constants", "predict_experiment": "analysis.model.predict",
     "primary_predictions": "analysis.model.predict", "precision_grid": "analysis.model.predict",
     "paper_claims": "analysis.claims", "PAPER_CLAIMS": "analysis.claims",
     # one Nsight Compute report's kernels: speed of light, weighted stalls, roofline, matching
@@ -45,6 +45,8 @@ _API = {
     "e2e": "pipeline",
     # report
     "render_report": "report.render",
+    # the run directory's files and columns, declared once
+    "columns": "rundir", "ARTIFACTS": "rundir",
 }
 
 __all__ = sorted(_API) + ["__version__"]

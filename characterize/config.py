@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import re
 import sys
 import typing
@@ -21,17 +20,46 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from characterize.errors import ConfigError, GpuMemoryError, MemoryBudgetError
+from characterize.errors import ConfigError, GpuMemoryError
+from characterize.units import format_bytes
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
 
-#: bytes per table element; int8 rows are row-wise quantized and also carry their scale
-#: and bias (fp32: 8 bytes; int8h: fp16, 4 bytes) after the values, as FBGEMM stores them
-DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1, "int8h": 1}
-DTYPE_ROW_EXTRA_BYTES = {"int8": 8, "int8h": 4}
+@dataclass(frozen=True)
+class DType:
+    """One table element type: how a row is stored, and the code the CUDA sources know
+    it by. int8 rows are row-wise quantized, as FBGEMM stores them: D uint8 values, then
+    the row's scale and bias (value = q x scale + bias)."""
+
+    name: str
+    element_bytes: int   # bytes per stored element
+    qparam_bytes: int    # bytes of the scale and bias after an int8 row's values (0 for the others)
+    code: int            # CHZ_DTYPE in kernels/chz_compat.cuh (tests read the header against this)
+    note: str
+
+
+#: the table element types the kernels read, in order: the one home of these facts
+DTYPES: dict[str, DType] = {d.name: d for d in (
+    DType("fp32", 4, 0, 0, "32-bit floats"),
+    DType("fp16", 2, 0, 1, "16-bit IEEE halves"),
+    DType("bf16", 2, 0, 2, "16-bit brain floats"),
+    DType("int8", 1, 8, 3, "row-wise int8 with an fp32 scale and bias"),
+    DType("int8h", 1, 4, 4, "row-wise int8 with an fp16 scale and bias"),
+)}
+
+
+def dtype_spec(name: str) -> DType:
+    """The table element type `name`, or ConfigError naming the ones the kernels read."""
+    try:
+        return DTYPES[name]
+    except (KeyError, TypeError):
+        raise ConfigError(f"dtype {name!r} is not supported; use one of {', '.join(DTYPES)} "
+                          "(int8: row-wise with fp32 scale and bias; int8h: with fp16 scale and bias)") from None
+
+
 MODES = ("sum", "mean")
 INDEX_BYTES = 8  # int64 indices and offsets, as torch uses by default
 
@@ -120,7 +148,8 @@ class WorkloadConfig:
     @property
     def row_bytes(self) -> int:
         """Bytes one lookup reads: D elements plus an int8 row's scale and bias."""
-        return self.D * DTYPE_BYTES.get(self.dtype, 4) + DTYPE_ROW_EXTRA_BYTES.get(self.dtype, 0)
+        d = DTYPES.get(self.dtype, DTYPES["fp32"])
+        return self.D * d.element_bytes + d.qparam_bytes
 
     @property
     def table_bytes(self) -> int:
@@ -159,9 +188,7 @@ class WorkloadConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-        if self.dtype not in DTYPE_BYTES:
-            raise ConfigError(f"dtype {self.dtype!r} is not supported; use one of {', '.join(DTYPE_BYTES)} "
-                              "(int8: row-wise with fp32 scale and bias; int8h: with fp16 scale and bias)")
+        dtype_spec(self.dtype)
         if self.mode not in MODES:
             raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         self.L.validate()
@@ -172,16 +199,16 @@ class WorkloadConfig:
             if need > gpu.memory_bytes:
                 what = f"caches of {cache_rows:,} rows, their maps" if host == "cache" else "nothing resident"
                 raise GpuMemoryError(
-                    f"the workload needs about {need / 2**30:,.1f} GiB of GPU memory with its tables in host memory "
+                    f"the workload needs about {format_bytes(need)} of GPU memory with its tables in host memory "
                     f"(T={self.T:,} tables: {what}, plus traces) but {gpu.name} has "
-                    f"{gpu.memory_bytes / 2**30:.1f} GiB; lower C (cache.C), T, batches or B")
+                    f"{format_bytes(gpu.memory_bytes)}; lower C (cache.C), T, batches or B")
         elif gpu is not None:
             need = self.device_bytes()
             if need > gpu.memory_bytes:
                 raise GpuMemoryError(
-                    f"the workload needs about {need / 2**30:,.1f} GiB of GPU memory (T={self.T:,} tables of "
-                    f"{self.table_bytes / 2**30:,.2f} GiB plus traces) but {gpu.name} has "
-                    f"{gpu.memory_bytes / 2**30:.1f} GiB; lower T, E, batches or B, or keep the tables in host "
+                    f"the workload needs about {format_bytes(need)} of GPU memory (T={self.T:,} tables of "
+                    f"{format_bytes(self.table_bytes, 2)} plus traces) but {gpu.name} has "
+                    f"{format_bytes(gpu.memory_bytes)}; lower T, E, batches or B, or keep the tables in host "
                     "memory with variants cache or uvm")
         return self
 
@@ -369,8 +396,8 @@ class ExperimentConfig:
         if any(c <= 0 for c in self.maxrregcount):
             raise ConfigError("maxrregcount values must be positive")
         for dt in self.dtypes:
-            if dt not in DTYPE_BYTES:
-                raise ConfigError(f"dtypes: {dt!r} is not supported; use {', '.join(DTYPE_BYTES)}")
+            if dt not in DTYPES:
+                raise ConfigError(f"dtypes: {dt!r} is not supported; use {', '.join(DTYPES)}")
         self.workload.validate(gpu=gpu)
         self.bench.validate()
         self.profile.validate()
@@ -523,83 +550,3 @@ def read_experiment(name_or_path: str | None = None) -> ExperimentConfig:
         return ExperimentConfig.from_dict(data, source=str(path))
     except TypeError as e:
         raise ConfigError(f"{path}: {e}") from None
-
-
-# ------------------------------------------------------------ host memory
-#: environment variable overriding the host-memory budget: bytes ("8G", "512MiB", "2e9") or a share ("50%")
-MEMORY_BUDGET_ENV = "CHARACTERIZE_MEMORY_BUDGET"
-#: share of the available memory (MemAvailable, or the cgroup's headroom) the toolkit may use by default
-DEFAULT_MEMORY_SHARE = 0.6
-
-_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 2**10, "m": 1e6, "mb": 1e6, "mib": 2**20, "g": 1e9,
-          "gb": 1e9, "gib": 2**30, "t": 1e12, "tb": 1e12, "tib": 2**40}
-
-
-def format_bytes(n: float) -> str:
-    """2.5e9 -> '2.3 GiB' (binary units, what `free -h` shows)."""
-    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= size:
-            return f"{n / size:,.1f} {unit}"
-    return f"{int(n)} B"
-
-
-def available_memory() -> int | None:
-    """Bytes this process can still allocate without swapping: MemAvailable, capped by
-    a cgroup v2 memory limit when one is set (containers, CI runners); None if unknown."""
-    avail: int | None = None
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                avail = int(line.split()[1]) * 1024
-                break
-    except (OSError, ValueError, IndexError):
-        pass
-    if avail is None:
-        try:
-            avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        except (ValueError, OSError, AttributeError):
-            return None
-    try:
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        if limit != "max":
-            used = int(Path("/sys/fs/cgroup/memory.current").read_text().strip())
-            avail = min(avail, max(0, int(limit) - used))
-    except (OSError, ValueError):
-        pass
-    return avail
-
-
-def parse_memory(text: str) -> tuple[float | None, float | None]:
-    """'8G' -> (8e9, None); '40%' -> (None, 0.4). ConfigError for anything else."""
-    t = str(text).strip().lower().replace(" ", "")
-    m = re.fullmatch(r"(\d+(?:\.\d*)?)%", t)
-    if m and 0 < float(m.group(1)) <= 100:
-        return None, float(m.group(1)) / 100
-    m = re.fullmatch(r"(\d+(?:\.\d*)?(?:e\d+)?)([a-z]*)", t)
-    if m and m.group(2) in _UNITS and float(m.group(1)) > 0:
-        return float(m.group(1)) * _UNITS[m.group(2)], None
-    raise ConfigError(f"bad memory budget {text!r}: use bytes with a unit (8G, 512MiB, 2e9) or a share of the "
-                      "available memory (50%)")
-
-
-def memory_budget() -> tuple[int, str]:
-    """(bytes, where the number comes from): $CHARACTERIZE_MEMORY_BUDGET, else a share of
-    the available memory. Read on every call, so a budget set by the CLI reaches workers."""
-    env = os.environ.get(MEMORY_BUDGET_ENV, "").strip()
-    absolute, share = parse_memory(env) if env else (None, DEFAULT_MEMORY_SHARE)
-    if absolute is not None:
-        return int(absolute), f"{MEMORY_BUDGET_ENV}={env}"
-    avail = available_memory()
-    if avail is None:
-        return 2**62, "no limit: the available memory is unknown"
-    return int(avail * share), f"{share:.0%} of the {format_bytes(avail)} available"
-
-
-def check_memory(need: float, what: str, hint: str) -> None:
-    """Refuse work whose estimated host memory `need` exceeds the budget, before allocating
-    it: a clear error instead of swapping for minutes or a MemoryError traceback."""
-    budget, how = memory_budget()
-    if need > budget:
-        raise MemoryBudgetError(f"{what} would need about {format_bytes(need)} of memory, more than the budget of "
-                                f"{format_bytes(budget)} ({how}); {hint}, or set {MEMORY_BUDGET_ENV} "
-                                "(e.g. 32G) or --memory-budget to allow more")

@@ -17,21 +17,20 @@ import shlex
 import sys
 import threading
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Iterator, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import pandas as pd
 
-from characterize.analysis.calibrate import Calibration, fit_run, load_calibration, save_calibration
+from characterize.analysis.calibrate import Calibration, fit_run, save_calibration
 from characterize.analysis.claims import CLAIM_ARCH, CLAIM_VARIANTS, paper_claims
-from characterize.analysis.model.constants import ModelConstants
+from characterize.analysis.model.constants import ModelConstants, load_calibration
 from characterize.analysis.model.e2e import Overheads
 from characterize.analysis.model.e2e import predict_step as predict_e2e
 from characterize.analysis.model.host import CACHE_SWEEP
 from characterize.analysis.model.predict import predict_experiment
-from characterize.config import DlrmConfig, ExperimentConfig, WorkloadConfig, read_experiment
+from characterize.config import DTYPES, DlrmConfig, ExperimentConfig, WorkloadConfig, read_experiment
 from characterize.errors import (
     CharacterizeError,
     GpuMemoryError,
@@ -40,10 +39,11 @@ from characterize.errors import (
     UnsupportedShape,
     WorkloadError,
 )
-from characterize.hardware import DEFAULT_GPU, GPUS, devices, gpu_spec, normalize_arch, require_gpu
-from characterize.kernels.build import BuildTally, observe_builds
+from characterize.hardware.devices import devices, require_gpu
+from characterize.hardware.specs import gpu_spec, normalize_arch
+from characterize.kernels.build import reported_builds
 from characterize.kernels.check import CheckResult, check_variants
-from characterize.kernels.registry import DTYPES, HOST_VARIANTS, VARIANT_ORDER, default_cache_rows, get_variant
+from characterize.kernels.registry import HOST_VARIANTS, VARIANT_ORDER, default_cache_rows, get_variant
 from characterize.kernels.static import analyze_variants, static_characterization
 from characterize.kernels.training import CUDA_BACKWARDS, kernel_for, training_facts
 from characterize.measure.e2e import check_pipeline, measure_step
@@ -53,117 +53,14 @@ from characterize.measure.runner import (
     open_run,
     pending_points,
 )
+from characterize.progress import PerMessage, Progress, Reporter, Task, as_reporter
+from characterize.progress import quiet as _quiet
 from characterize.report.render import render_report
-from characterize.store import RunDir, environment, list_runs, load_run, write_json
-from characterize.workloads.locality import PAPER_HOT_ROWS, check_dataset, coverage_ks, locality_stats
+from characterize.rundir import artifact
+from characterize.store import RunDir, environment, list_runs, load_run
+from characterize.workloads.locality import check_dataset, coverage_ks, locality_stats, named_ks
 from characterize.workloads.presets import HOTNESS_ORDER
 from characterize.workloads.traces import load_dataset
-
-Progress = Callable[[str], None]
-
-
-def _quiet(_: str) -> None:
-    pass
-
-
-# ---------------------------------------------------------------- progress
-class Task(Protocol):
-    """One step's progress as a user interface shows it (a bar, or one line)."""
-
-    def grow(self, n: int = 1) -> None:
-        """More work found: the total rises by `n` (the total may be unknown at first)."""
-
-    def advance(self, n: int = 1, item: str = "") -> None:
-        """`n` units finished; `item` names what is worked on now."""
-
-    def finish(self, summary: str) -> None:
-        """What the step did, in one line (counts; the interface adds the time)."""
-
-
-class Reporter(Protocol):
-    """Where the library says what it is doing; it never prints. The CLI passes a
-    terminal reporter (bars on a TTY, plain lines otherwise); the default is silent."""
-
-    def message(self, text: str) -> None:
-        """A line worth keeping in the output (a skipped or failed step, a path)."""
-
-    def task(self, title: str, total: int | None = None, unit: str = "") -> ContextManager[Task]:
-        """A step that takes a while, of `total` units (None: not known yet)."""
-
-
-class _SilentTask:
-    def grow(self, n: int = 1) -> None:
-        pass
-
-    def advance(self, n: int = 1, item: str = "") -> None:
-        pass
-
-    def finish(self, summary: str) -> None:
-        pass
-
-
-class _LineTask(_SilentTask):
-    def __init__(self, say: Progress, title: str) -> None:
-        self.say, self.title, self.summary, self.start = say, title, "", time.perf_counter()
-
-    def finish(self, summary: str) -> None:
-        self.summary = summary
-
-
-class Quiet:
-    """The default reporter: says nothing."""
-
-    def message(self, text: str) -> None:
-        pass
-
-    @contextmanager
-    def task(self, title: str, total: int | None = None, unit: str = "") -> Iterator[Task]:
-        yield _SilentTask()
-
-
-class Lines:
-    """A reporter over a plain `(str) -> None` callback: messages, and one line per
-    finished step with its time."""
-
-    def __init__(self, say: Progress) -> None:
-        self.say = say
-
-    def message(self, text: str) -> None:
-        self.say(text)
-
-    @contextmanager
-    def task(self, title: str, total: int | None = None, unit: str = "") -> Iterator[Task]:
-        t = _LineTask(self.say, title)
-        yield t
-        self.say(f"{title}: {t.summary or 'done'} ({time.perf_counter() - t.start:.1f} s)")
-
-
-def as_reporter(progress: Reporter | Progress | None) -> Reporter:
-    """A Reporter from what a caller passed: a reporter, a plain callback, or nothing."""
-    if progress is None:
-        return Quiet()
-    if hasattr(progress, "task") and hasattr(progress, "message"):
-        return progress  # type: ignore[return-value]
-    return Lines(progress)  # type: ignore[arg-type]
-
-
-class _PerMessage:
-    """A callback for stages that say "starting X" once per unit: each message after
-    the first finishes one unit; `close` finishes the rest (units with nothing to say,
-    such as reuse distances already computed)."""
-
-    def __init__(self, task: Task, total: int) -> None:
-        self.task, self.total, self.done, self.started = task, total, 0, False
-
-    def __call__(self, text: str) -> None:
-        if self.started:
-            self.task.advance(1)
-            self.done += 1
-        self.task.advance(0, item=text)
-        self.started = True
-
-    def close(self) -> None:
-        self.task.advance(max(0, self.total - self.done))
 
 
 def _watch_points(run: RunDir, kind: str, points: Sequence[tuple[str, str]], task: Task,
@@ -287,12 +184,9 @@ def code_facts(variants: Sequence[str], archs: Sequence[str], D: int, params: Ma
     `progress` sees each build, compiled or reused."""
     rep = as_reporter(progress)
     try:
-        with rep.task(f"compile for {', '.join(archs)}", unit="builds") as task:
-            tally = BuildTally.advancing(task)
-            with observe_builds(tally):
-                rows = static_characterization(list(variants), list(archs), sweep_caps, D=D,
-                                               params=dict(params or {}), dtype=dtype)
-            task.finish(tally.summary())
+        with reported_builds(rep, f"compile for {', '.join(archs)}"):
+            rows = static_characterization(list(variants), list(archs), sweep_caps, D=D,
+                                           params=dict(params or {}), dtype=dtype)
         with rep.task("SASS hot loops (cuobjdump)") as task:
             sass = sass_frame(variants, archs, D, params, dtype)
             task.finish(f"{len(sass)} kernel(s) analyzed")
@@ -320,7 +214,7 @@ def predict(exp: ExperimentConfig, archs: Sequence[str] | None = None, *, code: 
         code = code_facts(names, gpu_archs, exp.workload.D, exp.params, dtype=exp.workload.dtype, progress=progress)
     rep = as_reporter(progress)
     with rep.task(f"predictions for {', '.join(targets)}", total=len(exp.datasets), unit="datasets") as task:
-        per = _PerMessage(task, len(exp.datasets))
+        per = PerMessage(task, len(exp.datasets))
         df = predict_experiment(exp, targets, static=code.static, sass=code.sass, progress=per,
                                 cache_ratios=cache_ratios)
         per.close()
@@ -388,10 +282,8 @@ def locality_step(run: RunDir, exp: ExperimentConfig, progress: Reporter | Progr
     dataset share a distribution). K: the paper's 60K and the rows fitting each
     target architecture's L2 and persisting budget."""
     wl = exp.workload
-    ks = {PAPER_HOT_ROWS} | coverage_ks(wl.E)   # the coverage curve, from K=1 on a log scale
-    for arch in exp.archs:
-        spec = GPUS[DEFAULT_GPU[arch]]
-        ks |= {spec.rows_in_l2(wl.row_bytes), spec.rows_in_persisting_l2(wl.row_bytes)}
+    # the coverage curve, from K=1 on a log scale, and the K that mean something
+    ks = coverage_ks(wl.E) | set(named_ks(wl.row_bytes, exp.archs).values())
     out, failed = {}, []
     with as_reporter(progress).task("locality", total=len(exp.datasets), unit="datasets") as task:
         for ds in exp.datasets:
@@ -408,7 +300,7 @@ def locality_step(run: RunDir, exp: ExperimentConfig, progress: Reporter | Progr
             out[ds] = stats.to_json() | {"table": table, "description": data.description}
             task.advance(1, item=f"{ds}: {stats.unique_rows:,} unique of {stats.lookups:,} lookups")
         task.finish(f"{len(out)} dataset(s) analyzed" + (f", {len(failed)} failed" if failed else ""))
-    write_json(run.path / "locality.json", out)
+    run.write("locality", out)
     if failed:
         raise WorkloadError(f"{'; '.join(failed)} (the other datasets' statistics are in locality.json)")
     return out
@@ -418,33 +310,33 @@ def static_step(run: RunDir, exp: ExperimentConfig, progress: Reporter | Progres
     """static.csv (with the register sweep) and sass.csv of the experiment's variants."""
     code = code_facts(exp.variants, exp.archs, exp.workload.D, exp.params, exp.maxrregcount, exp.workload.dtype,
                       progress=progress)
-    run.write_table("static", code.static)
-    run.write_table("sass", code.sass)
+    run.write("static", code.static)
+    run.write("sass", code.sass)
     return code
 
 
 def _read_code(run: RunDir, exp: ExperimentConfig) -> CodeFacts | None:
     """What the static step wrote, if it ran (the model then needs no compiler)."""
-    static, sass = run.path / "static.csv", run.path / "sass.csv"
-    if not (static.is_file() and sass.is_file()):
+    stored = load_run(run.path)
+    if stored.static.empty or stored.sass.empty:
         return None
-    return CodeFacts(exp.workload.D, pd.read_csv(static), pd.read_csv(sass))
+    return CodeFacts(exp.workload.D, stored.static, stored.sass)
 
 
 def predict_step(run: RunDir, exp: ExperimentConfig, code: CodeFacts | None = None,
                  progress: Reporter | Progress = _quiet) -> pd.DataFrame:
     """Model predictions for every variant x dataset x architecture (and the run's GPU)."""
     archs = list(exp.archs)
-    gpu = json.loads((run.path / "meta.json").read_text()).get("gpu") or {}
+    gpu = load_run(run.path).meta.get("gpu") or {}
     if gpu.get("key") and gpu["key"] not in archs:
         archs.append(gpu["key"])
     sweep = CACHE_SWEEP if "cache" in exp.variants and "C" not in exp.params_for("cache") else None
     df = predict(exp, archs, code=code, progress=progress, cache_ratios=sweep)
-    run.write_table("predictions", df)
+    run.write("predictions", df)
     with as_reporter(progress).task("the model against the paper's claims") as task:
         claims = model_validation(code, progress=progress)
         task.finish(f"{len(claims)} claim(s) checked")
-    run.write_table("model_validation", claims)
+    run.write("model_validation", claims)
     return df
 
 
@@ -452,12 +344,12 @@ def e2e_step(run: RunDir, exp: ExperimentConfig, code: CodeFacts | None = None,
              progress: Reporter | Progress = _quiet) -> pd.DataFrame:
     """e2e.csv: the DLRM step around each variant, predicted per stage (measured too
     when `run` has a GPU; `characterize e2e` also checks it against autograd)."""
-    path = run.path / "predictions.csv"
-    earlier = pd.read_csv(path) if path.is_file() else None   # the predict step's, when it ran
+    earlier = load_run(run.path).predictions   # the predict step's, when it ran
+    earlier = None if earlier.empty else earlier
     with as_reporter(progress).task("end-to-end DLRM step") as task:
         out = e2e(exp, code=code, check=False, predictions=earlier)
         task.finish(f"{len(out.rows)} stage row(s)")
-    run.write_table("e2e", out.rows)
+    run.write("e2e", out.rows)
     return out.rows
 
 
@@ -498,13 +390,95 @@ class RunOutcome:
     report: Path | None = None
 
 
+@dataclass
+class StepContext:
+    """What every step of a run sees: the experiment, its run directory, where points are
+    measured, and where progress goes."""
+
+    exp: ExperimentConfig
+    run: RunDir
+    reporter: Reporter
+    backend: str = "cuda"
+    executor: str = "local"
+    ncu: str | None = None
+    gpu: Any = None              # the local GPU (DeviceInfo), or None
+    outcome: RunOutcome | None = None
+
+    @property
+    def cannot_measure(self) -> str | None:
+        """Why bench and profile cannot run here, or None when they can."""
+        if self.gpu is None and self.backend == "cuda" and self.executor == "local":
+            return "no CUDA GPU on this machine"
+        return None
+
+
+def _bench(ctx: StepContext) -> None:
+    points = pending_points(ctx.run, "bench", ctx.exp)
+    where = "CUDA events" if ctx.backend == "cuda" else "CPU emulation"
+    with ctx.reporter.task(f"bench ({where}{', Slurm' if ctx.executor == 'slurm' else ''})", total=len(points),
+                           unit="points") as task:
+        follow_points(ctx.run, "bench", points, task, lambda: measure_stage(
+            ctx.run, "bench", ctx.exp, Placement(ctx.executor, ctx.backend), ctx.reporter.message))
+
+
+def _profile(ctx: StepContext) -> None:
+    # through Slurm, --ncu names ncu on the nodes; without it, ncu must be found here too
+    tool = ctx.ncu if ctx.executor == "slurm" and ctx.ncu else str(find_ncu(ctx.ncu))
+    points = pending_points(ctx.run, "profile", ctx.exp)
+    placement = Placement(ctx.executor, ctx.backend, tool if ctx.executor == "local" or ctx.ncu else None)
+    with ctx.reporter.task(f"profile ({tool})", total=len(points), unit="points") as task:
+        follow_points(ctx.run, "profile", points, task, lambda: measure_stage(
+            ctx.run, "profile", ctx.exp, placement, ctx.reporter.message))
+
+
+def _report(ctx: StepContext) -> None:
+    with ctx.reporter.task("report") as task:
+        # several GPU types (slurm.gpus): their runs side by side, compared with the first
+        path = ctx.run.path
+        out = render_report(list_runs(path / GPUS_DIR) or [path], path / artifact("report").path)
+        if ctx.outcome is not None:
+            ctx.outcome.report = out
+        task.finish(f"written to {out}")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of `characterize run` (and of `selftest --gpu`, which runs the same list):
+    what it writes into the run directory (characterize.rundir keys) and whether it
+    measures (bench and profile need a GPU, an emulated backend or Slurm's nodes)."""
+
+    name: str
+    writes: tuple[str, ...]
+    measures: bool
+    run: Callable[[StepContext], object]
+    what: str
+
+
+#: the steps of a run, in order; each writes what it finished before the next starts
+STEPS: tuple[Step, ...] = (
+    Step("static", ("static", "sass"), False, lambda c: static_step(c.run, c.exp, c.reporter),
+         "compile every variant: registers, spills, occupancy, each hot loop's SASS"),
+    Step("locality", ("locality",), False, lambda c: locality_step(c.run, c.exp, c.reporter),
+         "trace statistics: unique rows, top-K coverage, reuse distances"),
+    Step("predict", ("predictions", "model_validation"), False,
+         lambda c: predict_step(c.run, c.exp, _read_code(c.run, c.exp), c.reporter),
+         "the model's time per variant x dataset x GPU, with bands"),
+    Step("e2e", ("e2e",), False, lambda c: e2e_step(c.run, c.exp, _read_code(c.run, c.exp), c.reporter),
+         "the DLRM step around each variant"),
+    Step("bench", ("bench", "gpus", "jobs"), True, _bench, "each point checked, then timed with CUDA events"),
+    Step("profile", ("profile", "ncu"), True, _profile, "each point under Nsight Compute"),
+    Step("report", ("report",), False, _report, "the HTML report"),
+)
+
+
 def run_experiment(exp: ExperimentConfig, out: Path | None = None, *, resume: bool = False,
                    progress: Reporter | Progress | None = None, ncu: str | None = None, backend: str = "cuda",
                    executor: str = "local") -> RunOutcome:
-    """Run `exp` into `out`; steps that cannot run here are recorded as skipped, with why.
-    `progress` (a Reporter, or a plain callback for one line per step) follows each step.
-    backend emulate times the CPU emulation; executor slurm measures each point as one
-    Slurm array task (the GPU is then the nodes', not this machine's)."""
+    """Run `exp` into `out`, step by step (STEPS); steps that cannot run here are recorded
+    as skipped, with why. `progress` (a Reporter, or a plain callback for one line per
+    step) follows each step. backend emulate times the CPU emulation; executor slurm
+    measures each point as one Slurm array task (the GPU is then the nodes', not this
+    machine's)."""
     reporter = as_reporter(progress)
     say = reporter.message
     if executor == "slurm":
@@ -513,59 +487,27 @@ def run_experiment(exp: ExperimentConfig, out: Path | None = None, *, resume: bo
     info = found[0] if found else None
     exp = check_experiment(exp, gpu=info.spec() if info else None)
     run = open_experiment_run(exp, out, "bench", resume, info, backend, executor)
-    path = run.path
-    outcome = RunOutcome(path)
+    outcome = RunOutcome(run.path)
+    ctx = StepContext(exp, run, reporter, backend, executor, ncu, info, outcome)
     run.log(f"run {exp.name} ({'GPU ' + info.name if info else 'no GPU'})")
-
-    def step(name: str, fn: Callable[[], object]) -> None:
+    for step in STEPS:
+        if step.name == "report":
+            run.update_meta(steps=outcome.steps)
+        if step.measures and ctx.cannot_measure:
+            outcome.steps[step.name] = f"skipped: {ctx.cannot_measure}"
+            continue
         start = time.perf_counter()
         try:
-            fn()
+            step.run(ctx)
         except (ToolchainNotFound, NcuNotFound) as e:
-            outcome.steps[name] = f"skipped: {e}"
-            say(f"{name} skipped: {e}")
+            outcome.steps[step.name] = f"skipped: {e}"
+            say(f"{step.name} skipped: {e}")
         except CharacterizeError as e:
-            outcome.steps[name] = f"failed: {e}"
-            say(f"{name} failed: {e}")
+            outcome.steps[step.name] = f"failed: {e}"
+            say(f"{step.name} failed: {e}")
         else:
-            outcome.steps[name] = "done"
-        run.log(f"{name}: {outcome.steps[name]} ({time.perf_counter() - start:.1f} s)")
-
-    step("static", lambda: static_step(run, exp, reporter))
-    step("locality", lambda: locality_step(run, exp, reporter))
-    step("predict", lambda: predict_step(run, exp, _read_code(run, exp), reporter))
-    step("e2e", lambda: e2e_step(run, exp, _read_code(run, exp), reporter))
-    if info is None and backend == "cuda" and executor == "local":
-        for s in ("bench", "profile"):
-            outcome.steps[s] = "skipped: no CUDA GPU on this machine"
-    else:
-        def bench() -> None:
-            points = pending_points(run, "bench", exp)
-            where = "CUDA events" if backend == "cuda" else "CPU emulation"
-            with reporter.task(f"bench ({where}{', Slurm' if executor == 'slurm' else ''})", total=len(points),
-                               unit="points") as task:
-                follow_points(run, "bench", points, task,
-                              lambda: measure_stage(run, "bench", exp, Placement(executor, backend), say))
-
-        def profile() -> None:
-            # through Slurm, --ncu names ncu on the nodes; without it, ncu must be found here too
-            tool = ncu if executor == "slurm" and ncu else str(find_ncu(ncu))
-            points = pending_points(run, "profile", exp)
-            placement = Placement(executor, backend, tool if executor == "local" or ncu else None)
-            with reporter.task(f"profile ({tool})", total=len(points), unit="points") as task:
-                follow_points(run, "profile", points, task, lambda: measure_stage(run, "profile", exp, placement, say))
-
-        step("bench", bench)
-        step("profile", profile)
-    run.update_meta(steps=outcome.steps)
-
-    def report() -> None:
-        with reporter.task("report") as task:
-            # several GPU types (slurm.gpus): their runs side by side, compared with the first
-            outcome.report = render_report(list_runs(path / GPUS_DIR) or [path], path / "report.html")
-            task.finish(f"written to {outcome.report}")
-
-    step("report", report)
+            outcome.steps[step.name] = "done"
+        run.log(f"{step.name}: {outcome.steps[step.name]} ({time.perf_counter() - start:.1f} s)")
     return outcome
 
 

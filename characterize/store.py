@@ -1,17 +1,9 @@
 """Store stage: self-describing run directories that survive interruptions.
 
-A run directory holds everything needed to analyze a run later, on any machine:
-
-    meta.json             GPU identity, driver, CUDA/ncu versions, clocks, SM count, L2,
-                          cache/clock modes, git revision, full config, command line
-    log.txt               what happened, appended as it happens
-    static.csv            registers, spills and theoretical occupancy per variant x arch
-    locality.json         trace statistics per dataset
-    points/<kind>/*.json  one file per finished (variant, dataset) point of a stage
-                          (kind: bench, profile), written atomically
-    ncu/*.ncu-rep         the raw Nsight Compute reports, one per profiled point
-    predictions.csv       model predictions, when made
-    .lock                 held (flock) by the process writing the run, with its pid and command
+A run directory holds everything needed to analyze a run later, on any machine; the
+files it can hold are declared once in characterize.rundir (path, format, the step
+that writes it, columns with units), and `RunDir.write` / `Run.table` read and write
+them through that declaration.
 
 Each point file is complete or absent (written to a temporary name, then renamed), so
 a killed process leaves a valid partial run and `--resume` skips what is finished.
@@ -46,15 +38,16 @@ import pandas as pd
 from characterize.errors import CharacterizeError, RunDirError, RunDirLocked
 from characterize.extract.ncu_rep import read_report
 from characterize.extract.read import wide
+from characterize.rundir import artifact
 
 try:
     import fcntl
 except ImportError:  # pragma: no cover - not POSIX: no locking
     fcntl = None  # type: ignore[assignment]
 
-META = "meta.json"
-LOG = "log.txt"
-LOCK = ".lock"
+META = artifact("meta").path
+LOG = artifact("log").path
+LOCK = artifact("lock").path
 #: seconds a second writer waits for a run directory's lock (a killed writer's workers need a moment to exit)
 LOCK_WAIT_S = 5.0
 
@@ -76,6 +69,17 @@ def write_atomic(path: Path, data: str | bytes) -> None:
         except OSError:
             pass
         raise
+
+
+def conform(key: str, df: pd.DataFrame) -> pd.DataFrame:
+    """`df` with the declared columns of table artifact `key`, in their order: a missing
+    one is added empty; an undeclared one is a ValueError (declare it in rundir first)."""
+    names = artifact(key).column_names
+    extra = [c for c in df.columns if c not in names]
+    if extra:
+        raise ValueError(f"{artifact(key).path}: columns {', '.join(map(str, extra))} are not declared in "
+                         "characterize.rundir")
+    return df.reindex(columns=names)
 
 
 def write_json(path: Path, obj: Any) -> None:
@@ -257,7 +261,7 @@ class RunDir:
             f.write(f"{_now()} {message}\n")
 
     def point_path(self, kind: str, variant: str, dataset: str) -> Path:
-        return self.path / "points" / kind / f"{point_key(variant, dataset)}.json"
+        return self.path / artifact(kind).path.replace("*", point_key(variant, dataset))
 
     def has_point(self, kind: str, variant: str, dataset: str) -> bool:
         """True when the point finished (a failed point is retried on resume)."""
@@ -274,9 +278,30 @@ class RunDir:
         write_json(p, {"kind": kind, "variant": variant, "dataset": dataset, "finished": _now(), **record})
         return p
 
-    def write_table(self, name: str, df: pd.DataFrame) -> Path:
-        p = self.path / f"{name}.csv"
-        write_atomic(p, df.to_csv(index=False))
+    def annotate_point(self, kind: str, variant: str, dataset: str, **fields: Any) -> bool:
+        """Add `fields` to a finished point's file (atomically); False when there is none."""
+        p = self.point_path(kind, variant, dataset)
+        try:
+            record = json.loads(p.read_text())
+        except (OSError, ValueError):
+            return False
+        if not isinstance(record, dict):
+            return False
+        write_json(p, {**record, **fields})
+        return True
+
+    def write(self, key: str, data: pd.DataFrame | dict[str, Any]) -> Path:
+        """Write the declared artifact `key` (characterize.rundir) atomically: a table in
+        its declared column order (a declared column the frame lacks is written empty; one
+        it does not declare is a bug and refused), a JSON artifact as it is."""
+        a = artifact(key)
+        p = self.path / a.path
+        if a.format == "csv":
+            write_atomic(p, conform(key, data).to_csv(index=False))
+        elif a.format == "json":
+            write_json(p, data)
+        else:
+            raise ValueError(f"{a.path} is not written whole ({a.format})")
         return p
 
 
@@ -300,8 +325,10 @@ class Run:
     def gpu(self) -> str | None:
         return (self.meta.get("gpu") or {}).get("name")
 
-    def _csv(self, name: str) -> pd.DataFrame:
-        p = self.path / f"{name}.csv"
+    def table(self, key: str) -> pd.DataFrame:
+        """A declared table artifact (characterize.rundir) as written; empty when the step
+        that writes it has not run."""
+        p = self.path / artifact(key).path
         if not p.is_file():
             return pd.DataFrame()
         try:
@@ -311,7 +338,7 @@ class Run:
 
     def points(self, kind: str) -> list[dict[str, Any]]:
         out = []
-        for p in sorted((self.path / "points" / kind).glob("*.json")):
+        for p in sorted(self.path.glob(artifact(kind).path)):
             try:
                 out.append(json.loads(p.read_text()))
             except ValueError:
@@ -321,24 +348,24 @@ class Run:
     @cached_property
     def static(self) -> pd.DataFrame:
         """Registers, spills, theoretical occupancy per variant x arch (x cap)."""
-        return self._csv("static")
+        return self.table("static")
 
     @cached_property
     def sass(self) -> pd.DataFrame:
         """The hot loop of each variant's kernels per arch, read from the SASS: loads by
         width, spills in the loop, latencies per iteration, rows in flight."""
-        return self._csv("sass")
+        return self.table("sass")
 
     @cached_property
     def e2e(self) -> pd.DataFrame:
         """The DLRM step per variant x dataset x GPU x phase x stage (predicted, and
         measured on a GPU): time_us with its band, source, speedups, embedding share."""
-        return self._csv("e2e")
+        return self.table("e2e")
 
     @cached_property
     def locality(self) -> pd.DataFrame:
         """One row per dataset: lookups, unique rows, top-K coverage, reuse quantiles."""
-        p = self.path / "locality.json"
+        p = self.path / artifact("locality").path
         if not p.is_file():
             return pd.DataFrame()
         rows = []
@@ -353,18 +380,18 @@ class Run:
 
     @cached_property
     def locality_raw(self) -> dict[str, Any]:
-        p = self.path / "locality.json"
+        p = self.path / artifact("locality").path
         return json.loads(p.read_text()) if p.is_file() else {}
 
     @cached_property
     def predictions(self) -> pd.DataFrame:
         """Model predictions per variant x dataset x GPU (model stage)."""
-        return self._csv("predictions")
+        return self.table("predictions")
 
     @cached_property
     def model_validation(self) -> pd.DataFrame:
         """The model against the paper's A100 claims: claim, paper, model, agrees."""
-        return self._csv("model_validation")
+        return self.table("model_validation")
 
     @cached_property
     def bench(self) -> pd.DataFrame:

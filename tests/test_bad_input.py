@@ -20,6 +20,7 @@ from characterize.cli import main
 from characterize.config import WorkloadConfig
 from characterize.errors import WorkloadError
 from characterize.pipeline import load_experiment, locality_step, open_experiment_run
+from characterize.units import format_bytes
 from tests.conftest import write_experiment
 
 CSV_DIR = Path(__file__).parent / "data" / "ncu_csv"
@@ -127,8 +128,8 @@ def test_an_experiment_beyond_the_host_memory_budget_is_refused_before_any_work(
 @pytest.mark.parametrize("field, value", [("E", 10_000_000_000), ("E", 500_000_000), ("T", 5000)])
 def test_a_workload_that_fits_no_target_gpu_is_refused_before_any_work(tmp_path, field, value):
     exp = toml(tmp_path, f'name = "x"\narchs = ["sm_80"]\n[workload]\n{field} = {value}\n')
-    need = WorkloadConfig().replace(**{field: value}).device_bytes() / 2**30
-    refused(cli("predict", exp), 2, f"needs about {need:,.1f} GiB of GPU memory",
+    need = format_bytes(WorkloadConfig().replace(**{field: value}).device_bytes())
+    refused(cli("predict", exp), 2, f"needs about {need} of GPU memory",
             "NVIDIA A100-SXM4-80GB has 80.0 GiB", "lower T, E")
     refused(cli("run", exp, "--out", tmp_path / "run"), 2, "GPU memory")
     assert not (tmp_path / "run").exists()

@@ -2,7 +2,7 @@ import pytest
 
 from characterize.config import ExperimentConfig, Pooling, WorkloadConfig
 from characterize.errors import ConfigError, GpuMemoryError, UnsupportedShape
-from characterize.hardware import gpu_spec
+from characterize.hardware.specs import gpu_spec
 from characterize.pipeline import check_experiment, load_experiment
 
 

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from characterize import hardware
-from characterize.hardware import GPUS, device_from_dump, devices, throttle_names
+from characterize.hardware import devices as hardware
+from characterize.hardware.devices import device_from_dump, devices, throttle_names
+from characterize.hardware.specs import GPUS
 from tests.conftest import HAS_GPU
 
 DUMPS = sorted((Path(__file__).parent / "data" / "gpus").glob("*.json"))

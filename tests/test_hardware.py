@@ -1,16 +1,8 @@
 import pytest
 
 from characterize.errors import ConfigError, NoCudaDevice
-from characterize.hardware import (
-    ARCHS,
-    DEFAULT_GPU,
-    GPUS,
-    devices,
-    gpu_spec,
-    normalize_arch,
-    parse_archs,
-    require_gpu,
-)
+from characterize.hardware.devices import devices, require_gpu
+from characterize.hardware.specs import ARCHS, DEFAULT_GPU, GPUS, gpu_spec, normalize_arch, parse_archs
 from tests.conftest import HAS_GPU
 
 

@@ -10,7 +10,7 @@ import pytest
 from characterize import pipeline
 from characterize.config import ExperimentConfig, WorkloadConfig
 from characterize.errors import ConfigError, UnsupportedShape
-from characterize.hardware import devices
+from characterize.hardware.devices import devices
 from characterize.kernels.registry import VARIANT_ORDER
 from characterize.store import load_run
 from characterize.workloads.presets import HOTNESS_ORDER

@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 
 from characterize.errors import RunDirError
+from characterize.rundir import artifact
 from characterize.store import RunDir, list_runs, load_run, point_key, write_atomic
 
 
@@ -45,13 +46,21 @@ def test_write_atomic_leaves_no_temporary(tmp_path):
 
 def test_tables_and_points_read_back(tmp_path):
     run = RunDir.create(tmp_path / "r", {"experiment": {"name": "x"}})
-    run.write_table("static", pd.DataFrame({"variant": ["base"], "registers": [54]}))
+    run.write("static", pd.DataFrame({"variant": ["base"], "registers": [54]}))
     run.write_point("bench", "base", "medium", {"status": "failed", "error": "no GPU"})
     r = load_run(run.path)
-    assert r.static.to_dict("records") == [{"variant": "base", "registers": 54}]
+    assert r.static[["variant", "registers"]].to_dict("records") == [{"variant": "base", "registers": 54}]
+    assert list(r.static.columns) == artifact("static").column_names   # declared order, missing ones empty
     assert len(r.points("bench")) == 1 and r.failures["error"].tolist() == ["no GPU"]
     assert r.predictions.empty and r.bench.empty
     assert list_runs(tmp_path) == [run.path]
+
+
+def test_a_column_the_run_directory_does_not_declare_is_refused(tmp_path):
+    run = RunDir.create(tmp_path / "r", {"experiment": {"name": "x"}})
+    with pytest.raises(ValueError, match="not declared in characterize.rundir"):
+        run.write("predictions", pd.DataFrame({"variant": ["base"], "made_up_us": [1.0]}))
+    assert not (run.path / "predictions.csv").exists()
 
 
 def test_load_run_names_what_is_wrong(tmp_path):

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
-import json
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -21,41 +19,21 @@ from characterize.analysis.model.constants import (
     FIT_DEFAULT,
     MODES,
     ModelConstants,
-    Progress,
+    calibration_path,
 )
 from characterize.analysis.model.equations import _evaluate
 from characterize.analysis.model.geometry import _Point, _prepare
 from characterize.analysis.model.locality import TraceProfile
+from characterize.analysis.model.scores import gmae
 from characterize.config import ExperimentConfig
 from characterize.errors import ConfigError, RunDirError
-from characterize.hardware import GpuSpec, gpu_spec
+from characterize.hardware.specs import GpuSpec, gpu_spec
 from characterize.kernels.registry import get_variant
+from characterize.progress import Progress
 from characterize.store import load_run, write_json
 
 
 # ---------------------------------------------------------------- calibration
-def calibration_dir() -> Path:
-    """$CHARACTERIZE_CALIBRATION, else ~/.config/characterize/calibration."""
-    env = os.environ.get("CHARACTERIZE_CALIBRATION")
-    return Path(env) if env else Path.home() / ".config" / "characterize" / "calibration"
-
-
-def calibration_path(gpu: str | GpuSpec) -> Path:
-    spec = gpu if isinstance(gpu, GpuSpec) else gpu_spec(gpu)
-    return calibration_dir() / f"{spec.key}.json"
-
-
-def load_calibration(gpu: str | GpuSpec) -> ModelConstants | None:
-    """The stored calibrated constants of a GPU, or None when it was never calibrated."""
-    path = calibration_path(gpu)
-    if not path.is_file():
-        return None
-    try:
-        return ModelConstants.from_dict(json.loads(path.read_text())["constants"])
-    except (ValueError, KeyError, TypeError) as e:
-        raise ConfigError(f"{path}: not a calibration file ({e}); delete it or run `characterize calibrate`") from None
-
-
 @dataclass
 class Calibration:
     """The outcome of fitting the model to one measured run."""
@@ -117,18 +95,6 @@ def _measured(run: Any) -> tuple[pd.DataFrame, pd.DataFrame]:
             hits = (k.groupby(["variant", "dataset"])["l2_hit_rate_pct"].mean().rename("measured_l2_hit_rate_pct")
                     .reset_index())
     return times.reset_index(drop=True), hits
-
-
-def gmae(predicted: Sequence[float] | np.ndarray, measured: Sequence[float] | np.ndarray,
-         floor: float = 1e-4) -> float:
-    """Geometric-mean absolute error: exp(mean(log(max(|pred/meas - 1|, floor)))), as a
-    fraction (0.1 = 10%). The floor (0.01% by default) keeps one exact point from
-    sending the mean to zero."""
-    p, m = np.asarray(predicted, dtype=float), np.asarray(measured, dtype=float)
-    ok = np.isfinite(p) & np.isfinite(m) & (m > 0)
-    if not ok.any():
-        return math.nan
-    return float(np.exp(np.mean(np.log(np.maximum(np.abs(p[ok] / m[ok] - 1), floor)))))
 
 
 def compare_to_measured(pred: pd.DataFrame, run: Any) -> pd.DataFrame:

@@ -12,7 +12,7 @@ import pandas as pd
 from characterize.analysis.model.constants import ModelConstants
 from characterize.analysis.model.predict import predict
 from characterize.config import WorkloadConfig
-from characterize.hardware import REFERENCE_ARCH, GpuSpec
+from characterize.hardware.specs import REFERENCE_ARCH, GpuSpec
 from characterize.workloads.presets import HOTNESS_ORDER
 
 

@@ -1,4 +1,4 @@
-"""Analyze stage: derived metrics and comparisons over stored runs.
+"""Analysis stage, comparisons: derived metrics and comparisons over stored runs.
 
 Every function takes tidy DataFrames (from store.Run) and returns tidy DataFrames,
 with units in derived column names. Speedup confidence intervals use the delta
@@ -373,12 +373,8 @@ def diff_predictions(a: pd.DataFrame, b: pd.DataFrame) -> tuple[pd.DataFrame, pd
 
 # -------------------------------------------------------------- two sources
 def _sass_of(run: Run) -> pd.DataFrame:
-    """The run's SASS hot-loop table (Run.sass when the store has it, else sass.csv)."""
-    s = getattr(run, "sass", None)
-    if isinstance(s, pd.DataFrame):
-        return s
-    p = run.path / "sass.csv"
-    return pd.read_csv(p) if p.is_file() else pd.DataFrame()
+    """The run's SASS hot-loop table."""
+    return run.sass
 
 
 def _open(source: str | Path) -> tuple[Run | None, pd.DataFrame]:

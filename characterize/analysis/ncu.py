@@ -1,4 +1,4 @@
-"""Analyze stage, Nsight Compute views: the first answers a performance engineer looks
+"""Analysis stage, Nsight Compute views: the first answers a performance engineer looks
 for in a profile, derived from the raw metric names of a tidy metrics frame.
 
 Why: a wide table of counters does not say whether a kernel is compute- or

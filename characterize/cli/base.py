@@ -185,7 +185,7 @@ class _BarTask(_PlainTask):
 
 
 class TerminalReporter:
-    """The CLI's reporter (characterize.pipeline.Reporter): a rich progress bar per step
+    """The CLI's reporter (characterize.progress.Reporter): a rich progress bar per step
     on stderr when it is a terminal, replaced by the step's one-line summary when it
     ends; without a terminal only those lines, plus where a long step is every
     _PlainTask.PLAIN_EVERY_S seconds. Use it as a context manager."""
@@ -288,7 +288,7 @@ def main(memory_budget: str | None) -> None:
     """Characterize DLRM embedding-bag kernels on GPUs: build, check, bench, profile,
     extract, model and report."""
     if memory_budget:
-        from characterize.config import MEMORY_BUDGET_ENV, parse_memory
+        from characterize.memory import MEMORY_BUDGET_ENV, parse_memory
 
         parse_memory(memory_budget)
         previous = os.environ.get(MEMORY_BUDGET_ENV)

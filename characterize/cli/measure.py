@@ -54,7 +54,7 @@ def _prepare(experiment: str, out: Path | None, stage: str, resume: bool, backen
     """Load and validate the experiment, open the run directory for `stage`."""
     import dataclasses
 
-    from characterize.hardware import require_gpu
+    from characterize.hardware.devices import require_gpu
     from characterize.measure.executor import require_slurm, with_slurm_options
     from characterize.pipeline import load_experiment, open_experiment_run
 
@@ -191,11 +191,10 @@ def run_cmd(experiment: str, out: Path | None, resume: bool, ncu_path: str | Non
         print_rows(view.to_dict("records"), ["variant", "arch", "maxrregcount", "registers", "spill_stores",
                                              "spill_loads", "blocks_per_sm", "theoretical_occupancy_pct", "limiter"])
     if not r.locality.empty:
-        from characterize.hardware import DEFAULT_GPU, GPUS
-        from characterize.workloads.locality import PAPER_HOT_ROWS
+        from characterize.workloads.locality import named_ks
 
         # the paper's K and the rows fitting each target GPU's L2 (the report draws the whole curve)
-        ks = [PAPER_HOT_ROWS] + [GPUS[DEFAULT_GPU[a]].rows_in_l2(exp.workload.row_bytes) for a in exp.archs]
+        ks = [k for name, k in named_ks(exp.workload.row_bytes, exp.archs).items() if "persisting" not in name]
         cov = [f"top_{k}_coverage" for k in dict.fromkeys(ks) if f"top_{k}_coverage" in r.locality.columns]
         click.echo("\ntrace locality (one table per dataset; top-K coverage at the paper's K and the rows fitting "
                    "each target GPU's L2):")

@@ -59,13 +59,14 @@ def predict(experiment: str, archs: str | None, cache_ratio: str | None, dtypes:
     for host-resident tables (cache, uvm) the hit rate, host bytes and the time split."""
     from characterize.analysis.model.predict import precision_grid
     from characterize.cli.base import TerminalReporter, csv_list, echo_err, print_rows
-    from characterize.kernels.registry import DTYPES, HOST_VARIANTS
+    from characterize.config import DTYPES
+    from characterize.kernels.registry import HOST_VARIANTS
     from characterize.pipeline import load_experiment, predict
 
     ratios = parse_ratios(cache_ratio) if cache_ratio is not None else None
     exp = load_experiment(experiment)
     if dtypes is not None:
-        exp = dataclasses.replace(exp, dtypes=DTYPES if dtypes == "all" else tuple(csv_list(dtypes))).validate()
+        exp = dataclasses.replace(exp, dtypes=tuple(DTYPES) if dtypes == "all" else tuple(csv_list(dtypes))).validate()
     start = time.perf_counter()
     with TerminalReporter(indent="", quiet=as_json) as reporter:
         df = predict(exp, csv_list(archs), progress=reporter, cache_ratios=ratios)

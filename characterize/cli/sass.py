@@ -39,8 +39,8 @@ def sass(archs: str, variants: str | None, D: int, params: tuple[str, ...], dtyp
          as_json: bool) -> None:
     """Disassemble each variant's hot loop: loads by kind and width, spills, shuffles,
     L2 prefetches and the rows each warp keeps in flight (in-order replay)."""
-    from characterize.hardware import parse_archs
-    from characterize.kernels.build import BuildTally, observe_builds
+    from characterize.hardware.specs import parse_archs
+    from characterize.kernels.build import reported_builds
     from characterize.kernels.sass import MEMORY_LATENCY, find_cuobjdump
     from characterize.kernels.static import analyze_variants
 
@@ -51,12 +51,10 @@ def sass(archs: str, variants: str | None, D: int, params: tuple[str, ...], dtyp
         return
     tool = find_cuobjdump()
     with TerminalReporter(indent="", quiet=as_json) as reporter, \
-            reporter.task(f"building and disassembling with {tool.path} ({tool.version})") as task:
-        tally = BuildTally.advancing(task)
-        with observe_builds(tally):
-            rows = analyze_variants(csv_list(variants), arch_list, D=D, params=parse_param_overrides(params),
-                                    dtype=dtype)
-        task.finish(f"{tally.summary()}; {len(rows)} kernel(s) disassembled")
+            reported_builds(reporter, f"building and disassembling with {tool.path} ({tool.version})") as tally:
+        rows = analyze_variants(csv_list(variants), arch_list, D=D, params=parse_param_overrides(params),
+                                dtype=dtype)
+        tally.note = f"{len(rows)} kernel(s) disassembled"
     if as_json:
         click.echo(json.dumps([r.to_dict() for r in rows], indent=2))
         return

@@ -29,7 +29,7 @@ def devices(as_json: bool) -> None:
     """List visible GPUs (NVML and torch), or say that there is none."""
     from dataclasses import asdict
 
-    from characterize.hardware import devices as list_devices
+    from characterize.hardware.devices import devices as list_devices
 
     found = list_devices()
     if as_json:
@@ -60,20 +60,17 @@ def devices(as_json: bool) -> None:
 def build(archs: str, variants: str | None, caps: str | None, D: int, params: tuple[str, ...], dtype: str,
           as_json: bool) -> None:
     """Compile every variant per architecture; registers, spills and theoretical occupancy."""
-    from characterize.hardware import parse_archs
-    from characterize.kernels.build import BuildTally, observe_builds
+    from characterize.hardware.specs import parse_archs
+    from characterize.kernels.build import reported_builds
     from characterize.kernels.static import static_characterization
 
     arch_list = parse_archs(archs)
     cap_list = [int(c) for c in csv_list(caps) or []]
     start = time.perf_counter()
     with TerminalReporter(indent="", quiet=as_json) as reporter, \
-            reporter.task(f"compiling the kernel family ({dtype}) for {', '.join(arch_list)}") as task:
-        tally = BuildTally.advancing(task)
-        with observe_builds(tally):
-            rows = static_characterization(csv_list(variants), arch_list, cap_list, D=D,
-                                           params=parse_param_overrides(params), dtype=dtype)
-        task.finish(tally.summary())
+            reported_builds(reporter, f"compiling the kernel family ({dtype}) for {', '.join(arch_list)}"):
+        rows = static_characterization(csv_list(variants), arch_list, cap_list, D=D,
+                                       params=parse_param_overrides(params), dtype=dtype)
     elapsed = time.perf_counter() - start
     if as_json:
         click.echo(json.dumps([r.to_dict() for r in rows], indent=2))
@@ -111,9 +108,9 @@ def build(archs: str, variants: str | None, caps: str | None, D: int, params: tu
 def check(variants: str | None, datasets: str, backend: str, paper_shape: bool, params: tuple[str, ...],
           dtypes: str | None, as_json: bool, **wl: Any) -> None:
     """Check every variant against torch.nn.functional.embedding_bag."""
+    from characterize.config import DTYPES
     from characterize.kernels.check import check_variants
     from characterize.kernels.library import default_backend
-    from characterize.kernels.registry import DTYPES
 
     base = WorkloadConfig(batches=1) if paper_shape else WorkloadConfig.tiny()
     config = workload_from(base, **wl)

@@ -17,7 +17,7 @@ from characterize.cli.base import (
     workload_from,
     workload_options,
 )
-from characterize.hardware import REFERENCE_ARCH
+from characterize.hardware.specs import REFERENCE_ARCH
 from characterize.workloads.locality import PAPER_HOT_ROWS
 
 
@@ -59,7 +59,7 @@ def workload_stats(source: str, E: int | None, top_k: tuple[int, ...], gpu: str,
                    as_consumed: bool, as_json: bool, **wl: Any) -> None:
     """Locality of a preset (one-item, high, medium, low, random, zipf:A) or a trace file
     (its own lookups, or with --as-consumed what the bench reads of it)."""
-    from characterize.hardware import gpu_spec
+    from characterize.hardware.specs import gpu_spec
     from characterize.workloads.locality import source_locality
 
     config = workload_from(None, E=E, **wl)

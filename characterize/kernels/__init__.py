@@ -1,2 +1,2 @@
-"""Kernel stage: the variant registry, nvcc builds, static and SASS analysis, launching and
+"""Kernels stage: the variant registry, nvcc builds, static and SASS analysis, launching and
 the correctness check against torch. The CUDA sources ship in `cuda/`."""

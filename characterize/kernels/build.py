@@ -1,4 +1,4 @@
-"""Build stage: compile the kernel family with nvcc (or the host compiler, for CPU
+"""Kernels stage, build: compile the kernel family with nvcc (or the host compiler, for CPU
 emulation), cache the shared libraries, and read ptxas's resource usage.
 
 One library holds the whole family; what differs between builds is the target
@@ -19,7 +19,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -28,25 +27,31 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
+from characterize import toolchain
+from characterize.config import DTYPES
 from characterize.errors import BuildError, ToolchainNotFound
-from characterize.hardware import REFERENCE_ARCH
+from characterize.hardware.specs import REFERENCE_ARCH
+from characterize.progress import Progress, Reporter, as_reporter
 
 SOURCE = "embedding_bag.cu"
 #: the training step's kernels (backward and fused optimizer): their own library per build
 TRAINING_SOURCE = "embedding_bag_backward.cu"
 SOURCES = (SOURCE, TRAINING_SOURCE)
-#: the table element types the kernels read, as CHZ_DTYPE codes (chz_compat.cuh): int8 is
-#: row-wise quantized with an fp32 scale and bias after the values, int8h with fp16 ones
-DTYPE_CODES = {"fp32": 0, "fp16": 1, "bf16": 2, "int8": 3, "int8h": 4}
 CACHE_FORMAT = 1
 
 
 def kernels_dir() -> Path:
-    """The CUDA sources: package data in characterize/kernels/cuda, so a wheel builds too."""
+    """The CUDA sources: $CHARACTERIZE_KERNELS, else the repository's top-level kernels/
+    (a checkout or an editable install), else the copy a wheel ships as package data
+    (characterize/kernels/cuda, mapped from kernels/ by setup.py)."""
     env = os.environ.get("CHARACTERIZE_KERNELS")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parent / "cuda"
+    here = Path(__file__).resolve().parent
+    checkout = here.parents[1] / "kernels"
+    if (checkout / SOURCE).is_file():
+        return checkout
+    return here / "cuda"
 
 
 def cache_root() -> Path:
@@ -77,42 +82,20 @@ def _nvcc_version(path: Path) -> str:
     return m.group(2) if m else out.strip().splitlines()[-1] if out.strip() else "unknown"
 
 
-def cuda_tool_candidates(name: str, env_var: str) -> list[tuple[Path, str]]:
-    """Places a CUDA tool (nvcc, cuobjdump, ...) may be, in order of preference, with
-    where each came from: $env_var, PATH, $CUDA_HOME/$CUDA_PATH, /usr/local/cuda, then
-    NVIDIA's PyPI wheels (their binaries sit under nvidia/<cuXX>/bin)."""
-    candidates: list[tuple[Path, str]] = []
-    if os.environ.get(env_var):
-        candidates.append((Path(os.environ[env_var]), env_var))
-    on_path = shutil.which(name)
-    if on_path:
-        candidates.append((Path(on_path), "PATH"))
-    for var in ("CUDA_HOME", "CUDA_PATH"):
-        if os.environ.get(var):
-            candidates.append((Path(os.environ[var]) / "bin" / name, var))
-    candidates.append((Path("/usr/local/cuda/bin") / name, "/usr/local/cuda"))
-    for entry in sys.path:
-        root = Path(entry) / "nvidia"
-        if root.is_dir():
-            candidates += [(p, "pip wheel") for p in sorted(root.glob(f"*/bin/{name}"), reverse=True)]
-    return candidates
-
-
-def _nvcc_candidates() -> list[tuple[Path, str]]:
-    return cuda_tool_candidates("nvcc", "CHARACTERIZE_NVCC")
-
-
 @lru_cache(maxsize=None)
 def find_nvcc() -> Toolchain:
-    """nvcc from $CHARACTERIZE_NVCC, PATH, $CUDA_HOME, /usr/local/cuda or a pip wheel."""
-    for path, where in _nvcc_candidates():
-        if path.is_file() and os.access(path, os.X_OK):
-            return Toolchain(path, _nvcc_version(path), where)
-    raise ToolchainNotFound(
-        "no nvcc found (looked at $CHARACTERIZE_NVCC, PATH, $CUDA_HOME, /usr/local/cuda and "
-        "NVIDIA's pip wheels). Install one with `pip install 'characterize[nvcc]'` (NVIDIA's "
-        "nvidia-cuda-nvcc wheel, no system toolkit needed) or install the CUDA toolkit and "
-        "set CUDA_HOME.")
+    """nvcc from $CHARACTERIZE_NVCC, PATH, $CUDA_HOME, /usr/local/cuda or a pip wheel
+    (characterize.toolchain: one search for every CUDA tool)."""
+    try:
+        found = toolchain.find("nvcc", "CHARACTERIZE_NVCC")
+    except toolchain.ToolNamedMissing as e:
+        raise ToolchainNotFound(f"nvcc: {e}; point $CHARACTERIZE_NVCC at an nvcc executable or unset it") from None
+    if found is None:
+        raise ToolchainNotFound(
+            f"no nvcc found (looked at {toolchain.searched('nvcc', 'CHARACTERIZE_NVCC')}). Install one with "
+            "`pip install 'characterize[nvcc]'` (NVIDIA's nvidia-cuda-nvcc wheel, no system toolkit needed) or "
+            "install the CUDA toolkit and set CUDA_HOME.")
+    return Toolchain(found[0], _nvcc_version(found[0]), found[1])
 
 
 @lru_cache(maxsize=None)
@@ -138,7 +121,7 @@ class BuildSpec:
     target: str = "cuda"            # cuda | emulate
     arch: str | None = REFERENCE_ARCH  # SM architecture for cuda builds
     maxrregcount: int | None = None  # register cap (cuda builds only)
-    dtype: str = "fp32"             # table element type: one library per dtype (DTYPE_CODES)
+    dtype: str = "fp32"             # table element type: one library per dtype (config.DTYPES)
     source: str = SOURCE            # the .cu file: the forward family or the training kernels (SOURCES)
 
     def __post_init__(self) -> None:
@@ -146,8 +129,8 @@ class BuildSpec:
             raise BuildError(f"unknown build target {self.target!r}")
         if self.source not in SOURCES:
             raise BuildError(f"unknown kernel source {self.source!r}; the sources are {', '.join(SOURCES)}")
-        if self.dtype not in DTYPE_CODES:
-            raise BuildError(f"unknown dtype {self.dtype!r}; the kernels read {', '.join(DTYPE_CODES)}")
+        if self.dtype not in DTYPES:
+            raise BuildError(f"unknown dtype {self.dtype!r}; the kernels read {', '.join(DTYPES)}")
         if self.target == "emulate":
             object.__setattr__(self, "arch", None)
             object.__setattr__(self, "maxrregcount", None)
@@ -165,13 +148,13 @@ class BuildSpec:
         src = kernels_dir() / self.source
         if self.target == "emulate":
             return [str(compiler), "-O2", "-std=c++17", "-shared", "-fPIC", "-x", "c++", "-DCHZ_EMULATE",
-                    f"-DCHZ_DTYPE={DTYPE_CODES[self.dtype]}", f"-I{kernels_dir()}", "-o", str(output), str(src)]
+                    f"-DCHZ_DTYPE={DTYPES[self.dtype].code}", f"-I{kernels_dir()}", "-o", str(output), str(src)]
         cc = self.arch.removeprefix("sm_")
         cmd = [str(compiler), "-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "-cudart", "static",
                "-gencode", f"arch=compute_{cc},code=[sm_{cc},compute_{cc}]", "-Xptxas", "-v", "-lineinfo"]
         if self.maxrregcount:
             cmd += ["-maxrregcount", str(self.maxrregcount)]
-        return cmd + [f"-DCHZ_DTYPE={DTYPE_CODES[self.dtype]}", f"-I{kernels_dir()}", "-o", str(output), str(src)]
+        return cmd + [f"-DCHZ_DTYPE={DTYPES[self.dtype].code}", f"-I{kernels_dir()}", "-o", str(output), str(src)]
 
 
 @dataclass(frozen=True)
@@ -430,6 +413,7 @@ class BuildTally:
         self.finished: set[BuildSpec] = set()
         self.compiled = 0
         self.reused = 0
+        self.note = ""   # what the step did besides building, for its summary line
 
     def __call__(self, ev: BuildEvent) -> None:
         if ev.stage == "planned" and ev.spec not in self.seen:
@@ -455,6 +439,18 @@ class BuildTally:
     def summary(self) -> str:
         return (f"{self.compiled + self.reused} build(s): {self.compiled} compiled, {self.reused} reused from the "
                 "cache")
+
+
+@contextlib.contextmanager
+def reported_builds(progress: "Reporter | Progress | None", title: str) -> Iterator[BuildTally]:
+    """A step named `title` on `progress` that advances once per distinct build asked for
+    inside the block (compiled or reused) and ends with the tally's summary, plus the
+    `note` the block may set on the tally it is given."""
+    with as_reporter(progress).task(title, unit="builds") as task:
+        tally = BuildTally.advancing(task)
+        with observe_builds(tally):
+            yield tally
+        task.finish(tally.summary() + (f"; {tally.note}" if tally.note else ""))
 
 
 def build_many(specs: Iterable[BuildSpec], jobs: int | None = None, force: bool = False,

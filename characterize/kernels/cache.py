@@ -1,4 +1,4 @@
-"""Kernel stage, host-resident tables: a frequency-aware GPU cache of a table kept in
+"""Kernels stage, host-resident tables: a frequency-aware GPU cache of a table kept in
 (pinned) host memory, after Fang et al. 2022 (ColossalAI's CachedEmbeddingBag), and the
 managed-memory (UVM) alternative.
 

@@ -1,4 +1,4 @@
-"""Check stage: every variant against torch.nn.functional.embedding_bag.
+"""Kernels stage, check: every variant against torch.nn.functional.embedding_bag.
 
 Runs each variant (the CUDA build on a GPU, the CPU-emulation build otherwise) on
 generated traces and compares the pooled output with torch computed in float64 from the
@@ -18,7 +18,7 @@ from typing import Callable, Iterable
 import numpy as np
 import torch
 
-from characterize.config import WorkloadConfig
+from characterize.config import DTYPES, WorkloadConfig
 from characterize.errors import CharacterizeError, UnsupportedShape
 from characterize.kernels.library import (
     Table,
@@ -30,7 +30,7 @@ from characterize.kernels.library import (
     run_variant,
     table_dtype,
 )
-from characterize.kernels.registry import DTYPES, VARIANTS, get_variant
+from characterize.kernels.registry import VARIANTS, get_variant
 from characterize.workloads.presets import HOTNESS_ORDER
 from characterize.workloads.traces import generate
 

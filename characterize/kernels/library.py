@@ -1,4 +1,4 @@
-"""Kernel stage, launching: load a built library, bind a variant to one table, launch it.
+"""Kernels stage, launching: load a built library, bind a variant to one table, launch it.
 
 A variant bound to one table (`TableKernel`) owns what the technique needs beside the
 lookup kernel: the hot-row list for L2 pinning, the frequency-sorted table and index
@@ -16,20 +16,19 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from characterize.config import DTYPES, dtype_spec
 from characterize.errors import (
     ConfigError,
     KernelLaunchError,
     NoCudaDevice,
     UnsupportedShape,
 )
-from characterize.hardware import REFERENCE_ARCH, devices, gpu_spec
-from characterize.kernels.build import DTYPE_CODES, BuildResult, BuildSpec, build
+from characterize.hardware.devices import devices
+from characterize.hardware.specs import REFERENCE_ARCH, gpu_spec
+from characterize.kernels.build import BuildResult, BuildSpec, build
 from characterize.kernels.cache import HostCache, ManagedTable
 from characterize.kernels.registry import (
-    ELEMENT_BYTES,
-    QPARAM_BYTES,
     Variant,
-    check_dtype,
     default_cache_rows,
     get_variant,
 )
@@ -76,7 +75,7 @@ class CudaLibrary:
             raise KernelLaunchError(f"cannot load {result.library}: {e}") from None
         self.lib.chz_error_string.argtypes = [ctypes.c_int]
         self.lib.chz_error_string.restype = ctypes.c_char_p
-        self.dtype = next(n for n, c in DTYPE_CODES.items() if c == self.lib.chz_dtype())
+        self.dtype = next(d.name for d in DTYPES.values() if d.code == self.lib.chz_dtype())
 
     def check(self, code: int, what: str) -> None:
         if code == 0:
@@ -194,11 +193,11 @@ class QuantizedTable:
     @property
     def row_bytes(self) -> int:
         """Bytes a lookup reads (values + scale + bias), without the padding."""
-        return self.dim + QPARAM_BYTES[self.dtype]
+        return self.dim + DTYPES[self.dtype].qparam_bytes
 
     def qparams(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(scale, bias) per row as fp32."""
-        raw = self.data[:, self.dim:self.dim + QPARAM_BYTES[self.dtype]].contiguous()
+        raw = self.data[:, self.dim:self.dim + DTYPES[self.dtype].qparam_bytes].contiguous()
         q = raw.view(torch.float32 if self.dtype == "int8" else torch.float16).float()
         return q[:, 0], q[:, 1]
 
@@ -239,7 +238,7 @@ def quantize_rowwise(weight: torch.Tensor, dtype: str = "int8", row_align: int =
     qtype = torch.float32 if dtype == "int8" else torch.float16
     scale, bias = scale.to(qtype), lo.to(qtype)   # quantize with the stored (rounded) qparams
     q = torch.round((w - bias.float()[:, None]) / scale.float()[:, None]).clamp(0, 255).to(torch.uint8)
-    extra = QPARAM_BYTES[dtype]
+    extra = DTYPES[dtype].qparam_bytes
     stride = -(-(D + extra) // row_align) * row_align
     data = torch.zeros(E, stride, dtype=torch.uint8, device=w.device)
     data[:, :D] = q
@@ -250,7 +249,7 @@ def quantize_rowwise(weight: torch.Tensor, dtype: str = "int8", row_align: int =
 def as_dtype(weight: torch.Tensor, dtype: str, row_align: int = 16) -> Table:
     """An fp32 table stored as `dtype`: fp16/bf16 converted, int8 quantized row-wise with
     rows padded to `row_align` bytes (16: what the warp kernel's 16-byte loads need)."""
-    check_dtype(dtype)
+    dtype_spec(dtype)
     if dtype == "fp32":
         return weight
     if dtype in TORCH_DTYPES:
@@ -371,7 +370,7 @@ class TableKernel:
         B, D = offsets.shape[0], self.dim
         if self.library is None:
             pad = self.padding_idx
-            if self.dtype in QPARAM_BYTES and QPARAM_BYTES[self.dtype]:  # int8: dequantized with torch's ops
+            if DTYPES[self.dtype].qparam_bytes:  # int8: dequantized with torch's ops
                 weight = dequantize(QuantizedTable(self.weight, self.dim, self.dtype))
             y = torch.nn.functional.embedding_bag(indices, weight, offsets, mode=self.mode, padding_idx=pad,
                                                   per_sample_weights=per_sample_weights)
@@ -389,7 +388,7 @@ class TableKernel:
             num_rows=weight.shape[0], dim=D,
             indices=indices.data_ptr(), num_indices=indices.shape[0], offsets=offsets.data_ptr(), num_bags=B,
             output=out.output.data_ptr(), offset2bag=out.offset2bag.data_ptr(), bag_size=out.bag_size.data_ptr(),
-            mode=1 if self.mode == "mean" else 0, dtype=DTYPE_CODES[self.dtype], padding_idx=padding,
+            mode=1 if self.mode == "mean" else 0, dtype=DTYPES[self.dtype].code, padding_idx=padding,
             weight_stride0=weight.stride(0), weight_stride1=weight.stride(1),
             per_sample_weights=per_sample_weights.data_ptr() if per_sample_weights is not None else None,
             per_sample_weights_stride=per_sample_weights.stride(0) if per_sample_weights is not None else 0)
@@ -434,7 +433,7 @@ def bind(variant: str | Variant, weight: Table, *, trace: torch.Tensor | None = 
     GpuSpec whose persisting-L2 budget sets K by default. `weight` is an fp32, fp16 or
     bf16 tensor or a QuantizedTable (int8, int8h); pooling is fp32 for every dtype."""
     v = get_variant(variant) if isinstance(variant, str) else variant
-    dtype = check_dtype(table_dtype(weight))
+    dtype = dtype_spec(table_dtype(weight)).name
     E, D = weight.shape
     if isinstance(weight, QuantizedTable):
         weight = weight.data
@@ -464,7 +463,7 @@ def bind(variant: str | Variant, weight: Table, *, trace: torch.Tensor | None = 
             found = [d for d in devices() if d.index == (device.index or 0)]
             gpu = found[0].spec() if found else None
     gpu = gpu or gpu_spec(REFERENCE_ARCH)
-    p = resolve_params(v, params, arch, gpu, ELEMENT_BYTES[dtype] * D + QPARAM_BYTES[dtype], dtype=dtype)
+    p = resolve_params(v, params, arch, gpu, DTYPES[dtype].element_bytes * D + DTYPES[dtype].qparam_bytes, dtype=dtype)
     library = load_library(v.build_spec(backend, arch, p, dtype))
     if library.emulated:
         library.emu_configure(gpu.l2_bytes, gpu.max_persisting_l2_bytes)

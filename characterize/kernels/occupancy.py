@@ -1,4 +1,4 @@
-"""Occupancy stage: theoretical occupancy and its limiter, as the CUDA calculator does.
+"""Kernels stage, occupancy: theoretical occupancy and its limiter, as the CUDA calculator does.
 
 Given an architecture's SM limits and a kernel's resources (threads per block,
 registers per thread, shared memory per block), count how many blocks fit on one SM
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from characterize.errors import ConfigError
-from characterize.hardware import ArchSpec
+from characterize.hardware.specs import ArchSpec
 
 LIMITERS = ("warps", "blocks", "registers", "shared_mem")
 

@@ -1,4 +1,4 @@
-"""Kernel stage, registry: every variant of the family once, with its description, parameters,
+"""Kernels stage, registry: every variant of the family once, with its description, parameters,
 compile flags and the kernel name ptxas reports it under.
 """
 
@@ -9,30 +9,17 @@ from typing import Any
 
 import numpy as np
 
+from characterize.config import DTYPES, dtype_spec
 from characterize.errors import (
     ConfigError,
     UnsupportedShape,
 )
-from characterize.kernels.build import DTYPE_CODES, BuildSpec
-
-#: bytes per stored element and, for the row-wise int8 types, the scale + bias bytes
-#: each row carries after its values (as FBGEMM stores them)
-ELEMENT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1, "int8h": 1}
-QPARAM_BYTES = {"fp32": 0, "fp16": 0, "bf16": 0, "int8": 8, "int8h": 4}
-DTYPES: tuple[str, ...] = tuple(DTYPE_CODES)
-
-
-def check_dtype(dtype: str) -> str:
-    """The dtype, or ConfigError naming the ones the kernels read."""
-    if dtype not in DTYPE_CODES:
-        raise ConfigError(f"dtype {dtype!r} is not supported; use one of {', '.join(DTYPE_CODES)} "
-                          "(int8: row-wise with fp32 scale and bias; int8h: with fp16 scale and bias)")
-    return dtype
+from characterize.kernels.build import BuildSpec
 
 
 def vector_elems(dtype: str) -> int:
     """Elements one 16-byte load of the warp kernel covers (4 fp32, 8 fp16/bf16, 16 int8)."""
-    return 16 // ELEMENT_BYTES[check_dtype(dtype)]
+    return 16 // dtype_spec(dtype).element_bytes
 
 
 # ------------------------------------------------------------------- registry
@@ -63,7 +50,7 @@ class Variant:
     dim_multiple: int = 1           # in 16-byte vectors when vector_loads, else elements
     max_dim: int | None = None
     vector_loads: bool = False      # loads rows as 16-byte vectors: D must fill whole vectors of the dtype
-    dtypes: tuple[str, ...] = DTYPES  # table element types the variant reads
+    dtypes: tuple[str, ...] = tuple(DTYPES)  # table element types the variant reads
     per_sample_weights: bool = False
     honors_cap: bool = True         # False where __launch_bounds__ overrides -maxrregcount
     test_only: bool = False
@@ -79,7 +66,7 @@ class Variant:
 
     def check_dtype(self, dtype: str) -> None:
         """Refuse table element types this variant cannot read, by name."""
-        check_dtype(dtype)
+        dtype_spec(dtype)
         if dtype not in self.dtypes:
             raise UnsupportedShape(f"variant {self.name} cannot read {dtype} tables; it reads "
                                    f"{', '.join(self.dtypes)}")
@@ -87,8 +74,9 @@ class Variant:
     def check_shape(self, D: int, dtype: str = "fp32") -> None:
         """Refuse shapes this variant would compute wrongly."""
         self.check_dtype(dtype)
-        if QPARAM_BYTES[dtype] and D % (QPARAM_BYTES[dtype] // 2):
-            raise UnsupportedShape(f"variant {self.name} needs D to be a multiple of {QPARAM_BYTES[dtype] // 2} for "
+        qparams = DTYPES[dtype].qparam_bytes
+        if qparams and D % (qparams // 2):
+            raise UnsupportedShape(f"variant {self.name} needs D to be a multiple of {qparams // 2} for "
                                    f"{dtype} tables (the scale and bias after the values must be aligned); D={D}")
         multiple = self.dim_multiple * (vector_elems(dtype) if self.vector_loads else 1)
         if D % multiple:

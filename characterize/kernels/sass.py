@@ -1,4 +1,4 @@
-"""Kernel stage, SASS analysis: what the compiled hot loop of each kernel does.
+"""Kernels stage, SASS analysis: what the compiled hot loop of each kernel does.
 
 Why: without a GPU the machine code is the only ground truth. Reading the source
 missed that a guarded register prefetch (`if (next < end) slot = row[next]`)
@@ -59,12 +59,12 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import pandas as pd
 
+from characterize import toolchain
 from characterize.errors import BuildError, ToolchainNotFound
 from characterize.kernels.build import (
     BuildResult,
     Toolchain,
     cache_root,
-    cuda_tool_candidates,
     demangle,
 )
 
@@ -90,11 +90,14 @@ def _tool_version(path: Path) -> str:
 
 
 def _find_tool(name: str, env_var: str) -> Toolchain:
-    for path, where in cuda_tool_candidates(name, env_var):
-        if path.is_file() and os.access(path, os.X_OK):
-            return Toolchain(path, _tool_version(path), where)
-    raise ToolchainNotFound(f"no {name} found (looked at ${env_var}, PATH, $CUDA_HOME, /usr/local/cuda and "
-                            f"NVIDIA's pip wheels); the SASS analysis needs it. {INSTALL_HINT}")
+    try:
+        found = toolchain.find(name, env_var)
+    except toolchain.ToolNamedMissing as e:
+        raise ToolchainNotFound(f"{name}: {e}; point ${env_var} at a {name} executable or unset it") from None
+    if found is None:
+        raise ToolchainNotFound(f"no {name} found (looked at {toolchain.searched(name, env_var)}); the SASS "
+                                f"analysis needs it. {INSTALL_HINT}")
+    return Toolchain(found[0], _tool_version(found[0]), found[1])
 
 
 @lru_cache(maxsize=None)

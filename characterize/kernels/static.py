@@ -1,4 +1,4 @@
-"""Static stage: what each variant costs in registers and what occupancy it can reach,
+"""Kernels stage, static characterization: what each variant costs in registers and what occupancy it can reach,
 for any architecture, without a GPU.
 
 Every compiled variant is built for each requested architecture (and, for the
@@ -18,7 +18,7 @@ from typing import Any, Iterable
 
 from characterize.config import DEFAULT_ARCHS
 from characterize.errors import BuildError, ToolchainNotFound
-from characterize.hardware import ARCHS, normalize_arch
+from characterize.hardware.specs import ARCHS, normalize_arch
 from characterize.kernels.build import BuildResult, BuildSpec, build_many
 from characterize.kernels.occupancy import register_steps, theoretical_occupancy
 from characterize.kernels.registry import VARIANTS, Variant, get_variant

@@ -1,4 +1,4 @@
-"""Kernel stage, training: the embedding bag's backward and optimizer kernels of our own
+"""Kernels stage, training: the embedding bag's backward and optimizer kernels of our own
 (cuda/embedding_bag_backward.cu), their registry, ctypes bindings and static facts.
 
 Why a second family: the training step's embedding gradient is a scatter (each bag's
@@ -21,7 +21,7 @@ from typing import Iterable, NamedTuple
 import pandas as pd
 import torch
 
-from characterize.config import DEFAULT_ARCHS
+from characterize.config import DEFAULT_ARCHS, DTYPES
 from characterize.errors import (
     BuildError,
     ConfigError,
@@ -29,8 +29,8 @@ from characterize.errors import (
     NoCudaDevice,
     UnsupportedShape,
 )
-from characterize.hardware import ARCHS, normalize_arch
-from characterize.kernels.build import DTYPE_CODES, TRAINING_SOURCE, BuildResult, BuildSpec, build, build_many
+from characterize.hardware.specs import ARCHS, normalize_arch
+from characterize.kernels.build import TRAINING_SOURCE, BuildResult, BuildSpec, build, build_many
 from characterize.kernels.library import TORCH_DTYPES, CudaLibrary
 from characterize.kernels.occupancy import theoretical_occupancy
 from characterize.kernels.sass import MEMORY_LATENCY, LoopRow, analyze_kernel, kernel_code, kernels_in
@@ -218,7 +218,7 @@ def _prepare(grad_output: torch.Tensor, indices: torch.Tensor, offsets: torch.Te
     args = BwdArgs(grad_output=grad_output.data_ptr(), num_bags=offsets.shape[0], dim=D, num_rows=num_rows,
                    indices=indices.data_ptr(), offsets=offsets.data_ptr(), num_indices=indices.shape[0],
                    bag_size=layout.bag_size.data_ptr(), per_sample_weights=_ptr(psw),
-                   mode=1 if mode == "mean" else 0, dtype=DTYPE_CODES["fp32"],
+                   mode=1 if mode == "mean" else 0, dtype=DTYPES["fp32"].code,
                    padding_idx=-1 if padding_idx is None else padding_idx)
     return args, [grad_output, indices, offsets, layout, psw], layout
 
@@ -317,7 +317,7 @@ def bind_update(weight: torch.Tensor, grad_output: torch.Tensor, indices: torch.
         args.state_row, args.segment_row = s.segment_row.data_ptr(), mapped.data_ptr()
         if padding_idx is not None:
             args.padding_idx = int(table_rows[padding_idx])
-    args.weight, args.weight_stride0, args.dtype = weight.data_ptr(), weight.stride(0), DTYPE_CODES[dtype]
+    args.weight, args.weight_stride0, args.dtype = weight.data_ptr(), weight.stride(0), DTYPES[dtype].code
     args.momentum = _ptr(momentum)
     args.lr, args.eps = lr, eps
     keep += [weight, momentum]

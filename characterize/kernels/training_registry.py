@@ -1,4 +1,4 @@
-"""Kernel stage, training registry: the training step's kernels of our own
+"""Kernels stage, training registry: the training step's kernels of our own
 (cuda/embedding_bag_backward.cu) once, with what each computes and its name in the
 compiled code; the `e2e --backward` choices they add. Free of torch, so the model and
 the report can name them (kernels.training binds and launches them).

@@ -411,12 +411,11 @@ def measure_step(wl: WorkloadConfig, dlrm: DlrmConfig, variants: Sequence[str], 
                         times = time_stages(lambda marks: training_step(model, batch, embed, backward=backward,
                                                                         optimizer=optimizer, marks=marks), reps)
                     for stage, ts in times.items():
-                        t = torch.tensor(ts, dtype=torch.float64)
-                        half = 1.96 * float(t.std()) / max(1.0, len(ts) ** 0.5) if len(ts) > 1 else 0.0
-                        mean = float(t.mean())
+                        st = summarize(ts)   # the 95% CI every measurement reports (Student t)
+                        half = st.ci95 if len(ts) > 1 else 0.0
                         rows.append({"variant": v, "dataset": dataset, "phase": phase, "stage": stage,
-                                     "time_us": mean, "time_us_low": mean - half, "time_us_high": mean + half,
-                                     "source": "measured"})
+                                     "time_us": st.mean, "time_us_low": st.mean - half,
+                                     "time_us_high": st.mean + half, "source": "measured"})
     return rows
 
 

@@ -1,4 +1,4 @@
-"""Run stage, across machines: each point of a sweep as one job of a cluster scheduler.
+"""Measure stage, across machines: each point of a sweep as one job of a cluster scheduler.
 
 `--executor slurm` submits one Slurm job array per stage through submitit: array task
 i measures point i (one variant x dataset) on whatever node Slurm gives it and writes
@@ -33,10 +33,12 @@ from typing import Any, Callable, Sequence
 
 from characterize.config import ExperimentConfig, SlurmConfig
 from characterize.errors import SchedulerError
-from characterize.hardware import devices
+from characterize.hardware.devices import devices
 from characterize.measure.ncu import find_ncu
 from characterize.measure.runner import ProfileSettings, bench_points, pending_points, profile_points
 from characterize.measure.worker import run_bench
+from characterize.progress import Progress
+from characterize.progress import quiet as _quiet
 from characterize.store import RunDir, load_run, write_atomic, write_json
 
 try:  # a declared dependency; without it only --executor slurm is refused
@@ -46,7 +48,6 @@ except ImportError:  # pragma: no cover - exercised by the no-submitit message o
     submitit = None  # type: ignore[assignment]
     FailedJobError = FailedSubmissionError = RuntimeError  # type: ignore[assignment,misc]
 
-Progress = Callable[[str], None]
 EXECUTORS = ("local", "slurm")
 #: folder of a run directory holding the job scripts, pickles and logs of submitted points
 JOBS_DIR = "jobs"
@@ -60,9 +61,6 @@ UNKNOWN_POLLS = 30
 #: submitit LocalJob states of a process that has ended
 LOCAL_FINAL = {"FINISHED", "INTERRUPTED", "NO PROCESS AND NO RESULT"}
 
-
-def _quiet(_: str) -> None:
-    pass
 
 
 # ------------------------------------------------------------- in the task
@@ -126,10 +124,7 @@ def measure_point(task: PointTask) -> dict[str, Any]:
         raise SchedulerError(f"unknown point kind {task.kind!r}")
     where = {"executor": "slurm" if os.environ.get("SLURM_JOB_ID") else "submitit-local", "job": _job_name(),
              "host": platform.node()}
-    p = run.point_path(task.kind, task.variant, task.dataset)
-    if p.is_file():  # the point says where it was measured
-        record = json.loads(p.read_text())
-        write_json(p, {**record, "ran_on": where})
+    run.annotate_point(task.kind, task.variant, task.dataset, ran_on=where)  # the point says where it was measured
     return {**where, "run_dir": str(path), "gpu": gpu_identity(found[0]) if found else None}
 
 

@@ -1,4 +1,4 @@
-"""Run stage, process hygiene: child processes that die with the process that started them.
+"""Measure stage, process hygiene: child processes that die with the process that started them.
 
 A bench worker or an ncu process left running after its supervisor was killed keeps
 measuring into the run directory (and on a GPU would time the device beside a resumed

@@ -1,4 +1,4 @@
-"""Profile stage: locate Nsight Compute, build the ``ncu`` command, run it, classify failures.
+"""Measure stage, profiling: locate Nsight Compute, build the ``ncu`` command, run it, classify failures.
 
 This module owns the single place where an ``ncu`` argv is assembled
 (:func:`build_argv`), the metric sets we ask for (:data:`METRIC_SETS`), and the
@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import shutil
 import signal
 import subprocess
 import threading
@@ -25,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from characterize import toolchain
 from characterize.errors import ConfigError, NcuError, NcuNotFound, NcuPermissionError
 from characterize.extract.schema import HOPPER_STALL_REASONS, STALL_REASONS, stall_metric
 from characterize.measure.lifeline import parent_death_preexec
@@ -232,85 +232,23 @@ def _check_str_tuple(name: str, value: object) -> None:
 # Locating ncu
 # ---------------------------------------------------------------------------
 
-_DEFAULT_NSIGHT_ROOT = Path("/opt/nvidia/nsight-compute")
-_DEFAULT_CUDA_PARENT = Path("/usr/local")
-
-
-def _is_executable(path: Path) -> bool:
-    return path.is_file() and os.access(path, os.X_OK)
-
-
-def _version_key(name: str) -> tuple[tuple[int, ...], str]:
-    """Numeric version order, so '2025.10.0' sorts after '2025.3.1' and 'cuda-13.0' after 'cuda-12.4'."""
-    numbers = tuple(int(n) for n in re.findall(r"\d+", name))
-    return numbers, name
-
-
-def find_ncu(
-    explicit: str | Path | None = None,
-    *,
-    path: str | None = None,
-    cuda_home: str | Path | None = None,
-    nsight_root: str | Path | None = None,
-    cuda_parent: str | Path | None = None,
-) -> Path:
-    """Locate the ncu executable, most specific source first.
-
-    Order: ``explicit`` (must exist and be executable); ``ncu`` on ``path`` (default
-    ``$PATH``); ``<cuda_home>/bin/ncu`` (default ``$CUDA_HOME``); the newest
-    ``<nsight_root>/*/ncu`` (default /opt/nvidia/nsight-compute); the newest
-    ``<cuda_parent>/cuda*/bin/ncu`` (default /usr/local, plain ``cuda`` first).
-    The keyword arguments exist so tests can point the search at temporary dirs;
-    ``path=""`` or ``cuda_home=""`` skips that source.
-    """
-    if explicit is not None:
-        candidate = Path(explicit).expanduser()
-        if _is_executable(candidate):
-            return candidate
-        why = "does not exist" if not candidate.exists() else "is not an executable file"
+def find_ncu(explicit: str | Path | None = None, *, places: toolchain.Places = toolchain.Places()) -> Path:
+    """Locate the ncu executable (characterize.toolchain: the search every CUDA tool
+    shares; Nsight Compute's own /opt/nvidia/nsight-compute/<version>/ncu included): a
+    path given explicitly (--ncu) must exist; then $CHARACTERIZE_NCU, PATH, $CUDA_HOME,
+    /usr/local/cuda*, the newest Nsight Compute."""
+    try:
+        found = toolchain.find("ncu", "CHARACTERIZE_NCU", explicit, places)
+    except toolchain.ToolNamedMissing as e:
+        raise NcuNotFound(f"the ncu {'given explicitly' if e.where == 'given' else 'named by ' + e.where} "
+                          f"({e.path}) {e.why}; pass the path of the Nsight Compute command-line profiler, e.g. "
+                          "--ncu /usr/local/cuda/bin/ncu") from None
+    if found is None:
         raise NcuNotFound(
-            f"the ncu given explicitly ({candidate}) {why}; pass the path of the Nsight Compute "
-            "command-line profiler, e.g. --ncu /usr/local/cuda/bin/ncu"
-        )
-
-    searched: list[str] = []
-    search_path = os.environ.get("PATH", "") if path is None else path
-    found = shutil.which("ncu", path=search_path) if search_path else None
-    searched.append("ncu on PATH")
-    if found:
-        return Path(found)
-
-    home = os.environ.get("CUDA_HOME") if cuda_home is None else str(cuda_home)
-    if home:
-        candidate = Path(home) / "bin" / "ncu"
-        searched.append(str(candidate))
-        if _is_executable(candidate):
-            return candidate
-    else:
-        searched.append("$CUDA_HOME/bin/ncu (CUDA_HOME unset)")
-
-    root = _DEFAULT_NSIGHT_ROOT if nsight_root is None else Path(nsight_root)
-    searched.append(f"{root}/*/ncu")
-    versions = sorted((p for p in root.glob("*/ncu") if _is_executable(p)), key=lambda p: _version_key(p.parent.name))
-    if versions:
-        return versions[-1]
-
-    parent = _DEFAULT_CUDA_PARENT if cuda_parent is None else Path(cuda_parent)
-    searched.append(f"{parent}/cuda*/bin/ncu")
-    default_link = parent / "cuda" / "bin" / "ncu"
-    if _is_executable(default_link):
-        return default_link
-    toolkits = sorted(
-        (p for p in parent.glob("cuda*/bin/ncu") if _is_executable(p)), key=lambda p: _version_key(p.parents[1].name)
-    )
-    if toolkits:
-        return toolkits[-1]
-
-    raise NcuNotFound(
-        "Nsight Compute (ncu) was not found; searched: " + "; ".join(searched) + ". Install Nsight Compute "
-        "(it ships with the CUDA toolkit, or as a standalone download from NVIDIA), put its directory on "
-        "PATH or set CUDA_HOME, or pass the executable with --ncu PATH."
-    )
+            f"Nsight Compute (ncu) was not found; searched: {toolchain.searched('ncu', 'CHARACTERIZE_NCU', places)}. "
+            "Install Nsight Compute (it ships with the CUDA toolkit, or as a standalone download from NVIDIA), put "
+            "its directory on PATH or set CUDA_HOME, or pass the executable with --ncu PATH.")
+    return found[0]
 
 
 _VERSION_LINE = re.compile(r"Version\s+(\d+(?:\.\d+)+)")

@@ -1,4 +1,4 @@
-"""Run stage, supervising side: bench and profile an experiment into a run directory.
+"""Measure stage, supervising side: bench and profile an experiment into a run directory.
 
 Timing runs in a worker process that writes every finished point at once; when the
 worker dies (kernel fault, out of memory, a kill), the point it was working on is
@@ -16,7 +16,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 from characterize.config import ExperimentConfig
 from characterize.errors import (
@@ -26,7 +26,7 @@ from characterize.errors import (
     RunDirError,
 )
 from characterize.extract.ncu_rep import read_report
-from characterize.hardware import devices
+from characterize.hardware.devices import devices
 from characterize.kernels.registry import get_variant
 from characterize.measure.ncu import (
     NcuOptions,
@@ -38,14 +38,12 @@ from characterize.measure.ncu import (
     run_ncu,
 )
 from characterize.measure.worker import EXIT_CUDA_ERROR, INFLIGHT, PROFILE_RANGE
+from characterize.progress import Progress
+from characterize.progress import quiet as _quiet
 from characterize.store import RunDir, RunLock, load_run, point_key
 
-Progress = Callable[[str], None]
 KERNEL_FILTER = "chz_|EmbeddingBag"  # our kernels and PyTorch's embedding-bag kernels
 
-
-def _quiet(_: str) -> None:
-    pass
 
 
 def pending_points(run: RunDir, kind: str, exp: ExperimentConfig, variants: Sequence[str] | None = None,

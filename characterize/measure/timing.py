@@ -1,4 +1,4 @@
-"""Timing stage: CUDA-event timing of one (variant, dataset) point, with statistics
+"""Measure stage, timing: CUDA-event timing of one (variant, dataset) point, with statistics
 that say when a measurement is stable.
 
 A repetition is one inference batch: the variant's lookup kernel launched once per

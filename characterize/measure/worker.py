@@ -1,4 +1,4 @@
-"""Run stage, inside a worker process: the code that touches the GPU.
+"""Measure stage, inside a worker process: the code that touches the GPU.
 
 `python -m characterize.measure.worker bench RUN_DIR --point VARIANT:DATASET ...` times
 points and writes each one into the run directory as soon as it is finished;
@@ -28,14 +28,17 @@ from typing import Any, Iterator
 
 import torch
 
-from characterize.config import ExperimentConfig, WorkloadConfig, check_memory, format_bytes
+from characterize.config import ExperimentConfig, WorkloadConfig
 from characterize.errors import CharacterizeError, CheckMismatch, KernelLaunchError
-from characterize.hardware import REFERENCE_ARCH, gpu_spec, require_gpu, sample_clocks, throttle_verdict
+from characterize.hardware.devices import require_gpu, sample_clocks, throttle_verdict
+from characterize.hardware.specs import REFERENCE_ARCH, gpu_spec
 from characterize.kernels.check import tolerance
 from characterize.kernels.library import QuantizedTable, TableKernel, as_dtype, bind, check_indices, dequantize
 from characterize.measure.lifeline import EXIT_ORPHANED, die_with_parent, watch_pipe
 from characterize.measure.timing import L2Flusher, preallocate, time_point
+from characterize.memory import check_memory
 from characterize.store import RunDir, load_run, point_key
+from characterize.units import format_bytes
 from characterize.workloads.traces import load_dataset
 
 PROFILE_RANGE = "chz-profile"

@@ -16,6 +16,7 @@ import pandas as pd
 from characterize.extract.schema import short_function_name
 from characterize.report.plots import order_datasets, order_variants, png
 from characterize.report.plots import stamp as put_stamp
+from characterize.units import format_bytes
 
 
 # ============================================================== page elements
@@ -149,16 +150,6 @@ def fmt_ci(x: Any, ci: Any) -> str:
     return fmt_num(x) + ("" if _isnan(ci) else f" ± {fmt_num(ci, 2)}")
 
 
-def fmt_bytes(x: Any) -> str:
-    if _isnan(x):
-        return "–"
-    v = float(x)
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if abs(v) >= scale:
-            return f"{v / scale:,.2f} {unit}"
-    return f"{v:,.0f} B"
-
-
 def _txt(x: Any) -> str:
     return "" if _isnan(x) else str(x)
 
@@ -282,7 +273,7 @@ def kernel_table(k: pd.DataFrame, caption: str, with_point: bool = True) -> Tabl
              ("occupancy achieved / theoretical", lambda r: Cell(
                  f"{fmt_pct(r.get('achieved_occupancy_pct'))} / {fmt_pct(r.get('theoretical_occupancy_pct'))}", "num")),
              ("L1 hit", lambda r: hit_cell(r, "l1")), ("L2 hit", lambda r: hit_cell(r, "l2")),
-             ("DRAM read", _col("dram_bytes_read", fmt_bytes)), ("DRAM written", _col("dram_bytes_write", fmt_bytes)),
+             ("DRAM read", _col("dram_bytes_read", format_bytes)), ("DRAM written", _col("dram_bytes_write", format_bytes)),
              ("DRAM busy", _col("dram_throughput_pct", fmt_pct)), ("SM busy", _col("sm_throughput_pct", fmt_pct))]
     if with_point:
         spec.append(("ncu modes", lambda r: Cell(f"cache {_txt(r.get('cache_control')) or '?'}, "

@@ -27,6 +27,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
 from characterize.kernels.registry import VARIANT_ORDER
+from characterize.units import format_bytes, format_count
 from characterize.workloads.presets import HOTNESS_ORDER
 
 __all__ = [
@@ -633,15 +634,6 @@ def sol_figure(k: pd.DataFrame, title: str, bound_pct: float = 60.0, detail: boo
     return fig
 
 
-def _human(v: float, unit: str = "") -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "–"
-    for suffix, f in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3)):
-        if abs(v) >= f:
-            return f"{v / f:.3g} {suffix}{unit}"
-    return f"{v:.3g} {unit}".rstrip()
-
-
 def memory_chart_figure(r: Mapping, title: str) -> Figure:
     """ncu's Memory Workload Analysis chart for one kernel: the SM, L1/TEX, L2 and DRAM
     as boxes with hit rates; arrows carry requests, sectors and bytes, reads above and
@@ -663,7 +655,7 @@ def memory_chart_figure(r: Mapping, title: str) -> Figure:
         mark = "*" if r.get(f"{level}_hit_rate_clamped") else ""
         return f"hit {rate:.1f}%{mark}"
 
-    boxes = [(0.2, "SM", f"{_human(r.get('inst_issued'))} inst"),
+    boxes = [(0.2, "SM", f"{format_count(r.get('inst_issued'))} inst"),
              (3.0, "L1/TEX", hit("l1")), (5.8, "L2", hit("l2")), (8.4, "DRAM", "")]
     for x, name, sub in boxes:
         ax.add_patch(FancyBboxPatch((x, 1.3), 1.4, 1.4, boxstyle="round,pad=0.05", facecolor="#eef2f5",
@@ -679,10 +671,10 @@ def memory_chart_figure(r: Mapping, title: str) -> Figure:
                 fontsize=FONT - 2, linespacing=1.15)
 
     def sec(v: object) -> str:
-        return _human(float(v)) if v is not None and not (isinstance(v, float) and math.isnan(v)) else "–"
+        return format_count(v)
 
     def byt(v: object) -> str:
-        return _human(float(v), "B") if v is not None and not (isinstance(v, float) and math.isnan(v)) else "–"
+        return format_bytes(v)
 
     spr = r.get("l1_sectors_per_load_request")
     arrow(1.7, 2.95, 2.45, f"loads: {sec(r.get('l1_load_requests'))} req\n{sec(r.get('l1_load_sectors'))} sectors"
@@ -722,11 +714,11 @@ def roofline_figure(points: pd.DataFrame, roofs: pd.DataFrame, title: str) -> Fi
     styles = {"FP64": ":", "FP32": "-", "FP16": "-."}
     for r in compute.to_dict("records"):
         ax.axhline(r["peak"], color="#555555", linewidth=1.0, linestyle=styles.get(r["name"], "--"),
-                   label=f"{r['name']} peak {_human(r['peak'], 'FLOP/s')}")
+                   label=f"{r['name']} peak {format_count(r['peak'], 'FLOP/s')}")
     bw_colors = {"DRAM": "#08519c", "L2": "#6baed6", "L1": "#9edae5"}
     for r in bandwidth.to_dict("records"):
         ax.plot(grid, np.minimum(grid * r["peak"], pk_max), color=bw_colors.get(r["name"], "#777777"),
-                linewidth=1.4, label=f"{r['name']} bandwidth {_human(r['peak'], 'B/s')}")
+                linewidth=1.4, label=f"{r['name']} bandwidth {format_count(r['peak'], 'B/s')}")
     markers = {"dram": "o", "l2": "s", "l1": "^"}
     kernels = list(dict.fromkeys(points["label"]))
     for i, lab in enumerate(kernels):

@@ -17,7 +17,7 @@ from characterize.analysis.model.predict import primary_predictions
 from characterize.errors import CharacterizeError, ReportError
 from characterize.extract.read import read_any, wide
 from characterize.extract.rules import rule_results
-from characterize.hardware import throttle_verdict
+from characterize.hardware.devices import throttle_verdict
 from characterize.report.blocks import EMULATION_STAMP
 from characterize.report.provenance import TIMING_MODES, ncu_mode_text
 from characterize.store import Run, load_run
@@ -119,13 +119,9 @@ class RunSource:
 
     @cached_property
     def sass(self) -> pd.DataFrame:
-        """The SASS hot-loop table (Run.sass when the store has it, else sass.csv)."""
+        """The SASS hot-loop table of the run."""
         try:
-            s = getattr(self.run, "sass", None)
-            if isinstance(s, pd.DataFrame):
-                return s
-            p = self.run.path / "sass.csv"
-            return pd.read_csv(p) if p.is_file() else pd.DataFrame()
+            return self.run.sass
         except (CharacterizeError, ValueError, pd.errors.ParserError) as e:
             self.errors["sass"] = str(e)
             return pd.DataFrame()

@@ -18,12 +18,12 @@ from characterize.report.blocks import (
     _isnan,
     _table,
     _txt,
-    fmt_bytes,
     fmt_num,
     hit_cell,
     share_cell,
 )
 from characterize.report.plots import weighted_stall_figure
+from characterize.units import format_bytes
 
 
 def stall_text(tops: Any) -> str:
@@ -49,7 +49,7 @@ def first_answer(k: pd.DataFrame, stalls: dict[Any, Any]) -> str:
                 f"{share:.0f}% of its stall cycles). "
     reads, writes = r.get("dram_bytes_read"), r.get("dram_bytes_write")
     if not _isnan(reads) or not _isnan(writes):
-        text += f"DRAM: {fmt_bytes(reads)} read, {fmt_bytes(writes)} written."
+        text += f"DRAM: {format_bytes(reads)} read, {format_bytes(writes)} written."
     return text.strip()
 
 
@@ -59,10 +59,10 @@ def memory_spec() -> list[tuple[str, Any]]:
             ("sectors / request", _col("l1_sectors_per_load_request")),
             ("L1 hit", lambda r: hit_cell(r, "l1")),
             ("L1 store sectors", _col("l1_store_sectors")),
-            ("L2 read (from L1)", _col("l2_read_bytes", fmt_bytes)),
-            ("L2 write (from L1)", _col("l2_write_bytes", fmt_bytes)),
+            ("L2 read (from L1)", _col("l2_read_bytes", format_bytes)),
+            ("L2 write (from L1)", _col("l2_write_bytes", format_bytes)),
             ("L2 hit", lambda r: hit_cell(r, "l2")),
-            ("DRAM read", _col("dram_bytes_read", fmt_bytes)), ("DRAM written", _col("dram_bytes_write", fmt_bytes)),
+            ("DRAM read", _col("dram_bytes_read", format_bytes)), ("DRAM written", _col("dram_bytes_write", format_bytes)),
             ("spill sectors (local)", _col("l1_spill_sectors"))]
 
 

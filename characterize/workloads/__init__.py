@@ -1,1 +1,1 @@
-"""Workload stage: hotness presets, index traces (generated or read) and their locality."""
+"""Workloads stage: hotness presets, index traces (generated or read) and their locality."""

@@ -1,4 +1,4 @@
-"""Workload stage, locality: what a trace offers a cache (unique rows, top-K coverage,
+"""Workloads stage, locality: what a trace offers a cache (unique rows, top-K coverage,
 exact reuse distances), independent of any kernel.
 """
 
@@ -11,8 +11,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from characterize.config import WorkloadConfig, check_memory
+from characterize.config import WorkloadConfig
 from characterize.errors import ConfigError, WorkloadError
+from characterize.hardware.specs import DEFAULT_GPU, GPUS
+from characterize.memory import check_memory
 from characterize.workloads.presets import Hotness, parse_dataset
 from characterize.workloads.traces import (
     generate_stream,
@@ -117,6 +119,19 @@ def reuse_distances(indices: np.ndarray, progress: Callable[[int, int], None] | 
 
 #: the paper's hot-row count K: 60K rows of 512 B (~29 MiB) is about an A100's persisting-L2 budget
 PAPER_HOT_ROWS = 60_000
+
+def named_ks(row_bytes: int, archs: Sequence[str]) -> dict[str, int]:
+    """The K that mean something for top-K coverage, by name: the paper's 60K, and the rows
+    of `row_bytes` fitting each target architecture's GPU's whole L2 and its persisting-L2
+    budget (the default K of l2p). What locality.json stores, the summary prints and the
+    report marks."""
+    out = {"paper K": PAPER_HOT_ROWS}
+    for arch in archs:
+        spec = GPUS[DEFAULT_GPU[arch]]
+        out[f"{spec.name} L2"] = spec.rows_in_l2(row_bytes)
+        out[f"{spec.name} persisting L2"] = spec.rows_in_persisting_l2(row_bytes)
+    return out
+
 
 def coverage_ks(rows: int, points: int = 33) -> set[int]:
     """K from 1 to `rows`, log-spaced: where a top-K coverage curve is sampled."""

@@ -1,4 +1,4 @@
-"""Workload stage, presets: the hotness model behind generated traces.
+"""Workloads stage, presets: the hotness model behind generated traces.
 
 Each preset draws lookups from a Zipf-Mandelbrot hot pool plus a uniform background,
 with hot rows scattered over the table by a seeded permutation; medium and low are

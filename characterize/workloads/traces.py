@@ -1,8 +1,8 @@
-"""Workload stage, traces: generate a dataset from a preset, or read one from a file
+"""Workloads stage, traces: generate a dataset from a preset, or read one from a file
 (txt, npy/npz, dlrm .pt), with every out-of-range index named by file, table and position.
 
 Memory is estimated before anything is generated or loaded and refused beyond the
-host-memory budget (config.check_memory). Flat streams (.txt, .npy) are read in
+host-memory budget (memory.check_memory). Flat streams (.txt, .npy) are read in
 chunks: the whole file is range-checked and its largest index found, but only the
 lookups the workload takes are kept, so a trace larger than RAM still works.
 """
@@ -19,8 +19,10 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from characterize.config import WorkloadConfig, check_memory, format_bytes
+from characterize.config import WorkloadConfig
 from characterize.errors import CharacterizeError, ConfigError, MemoryBudgetError, WorkloadError
+from characterize.memory import check_memory
+from characterize.units import format_bytes
 from characterize.workloads.presets import Hotness, _rng, parse_dataset, sample_indices
 
 

@@ -20,7 +20,7 @@ from characterize.analysis.model.locality import TraceProfile
 from characterize.cli.model import HOST_KEYS, PREDICT_KEYS, parse_ratios
 from characterize.config import ExperimentConfig, WorkloadConfig
 from characterize.errors import ConfigError, GpuMemoryError
-from characterize.hardware import GPUS, HOST_LINKS, UVM_PAGE_BYTES, gpu_spec
+from characterize.hardware.specs import GPUS, HOST_LINKS, UVM_PAGE_BYTES, gpu_spec
 from characterize.kernels.library import bind
 from characterize.kernels.registry import HOST_VARIANTS, VARIANT_ORDER
 from characterize.workloads.traces import generate

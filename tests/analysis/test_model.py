@@ -20,14 +20,15 @@ from characterize.analysis import calibrate as C
 from characterize.analysis import claims as CL
 from characterize.analysis.model import locality as LOC
 from characterize.analysis.model import predict as MP
-from characterize.analysis.model.constants import ModelConstants
+from characterize.analysis.model.constants import ModelConstants, load_calibration
+from characterize.analysis.model.scores import gmae
 from characterize.cli.base import Group
 from characterize.cli.model import PREDICT_KEYS
 from characterize.cli.model import calibrate as calibrate_cmd
 from characterize.cli.model import predict as predict_cmd
 from characterize.config import ExperimentConfig, WorkloadConfig
 from characterize.errors import ConfigError, ToolchainNotFound
-from characterize.hardware import gpu_spec
+from characterize.hardware.specs import gpu_spec
 from characterize.store import RunDir, load_run
 
 SMALL = WorkloadConfig(T=2, E=50_000, B=256, L=20, batches=3)
@@ -137,8 +138,8 @@ def test_sectors_and_capacities():
 
 
 def test_gmae_definition():
-    assert C.gmae([1.1, 0.9], [1.0, 1.0]) == pytest.approx(0.1)
-    assert C.gmae([1.2, 1.0], [1.0, 1.0]) == pytest.approx(np.sqrt(0.2 * 1e-4))  # exact points floored at 0.01%
+    assert gmae([1.1, 0.9], [1.0, 1.0]) == pytest.approx(0.1)
+    assert gmae([1.2, 1.0], [1.0, 1.0]) == pytest.approx(np.sqrt(0.2 * 1e-4))  # exact points floored at 0.01%
 
 
 def test_the_model_never_compiles_and_the_pipeline_says_what_is_missing(monkeypatch):
@@ -162,8 +163,8 @@ def _synthetic_run(tmp_path, truth: ModelConstants) -> RunDir:
                            datasets=("one-item", "medium", "random"), variants=tuple(VARIANTS))
     run = RunDir.create(tmp_path / "run", {"experiment": exp.to_dict(),
                                            "gpu": {"name": "NVIDIA A100-SXM4-80GB", "arch": "sm_80"}})
-    run.write_table("static", static())
-    run.write_table("sass", sass())
+    run.write("static", static())
+    run.write("sass", sass())
     frames = [MP.predict(exp.workload, exp.datasets, exp.variants, ["sm_80"], constants=truth, static=static(), sass=sass(), mode=m)
               for m in ("steady", "cold")]
     for (v, d), g in pd.concat(frames).groupby(["variant", "dataset"]):
@@ -202,13 +203,27 @@ def test_calibration_recovers_known_constants(tmp_path):
     assert res.exit_code == 0, res.output
     stored = json.loads(res.output)
     assert stored["gpu"] == "a100-80gb" and set(stored["constants"]) == set(truth.to_dict())
-    assert C.load_calibration("sm_80") == ModelConstants.from_dict(stored["constants"])
+    assert load_calibration("sm_80") == ModelConstants.from_dict(stored["constants"])
     exp = ExperimentConfig.from_dict(load_run(run.path).meta["experiment"])
     pred = MP.predict(exp.workload, exp.datasets, exp.variants, ["sm_80"], static=static(), sass=sass())
     assert set(pred["constants"]) == {"calibrated"}
     cmp = C.compare_to_measured(pred, load_run(run.path))
     assert {"predicted_us", "measured_us", "abs_error_us", "rel_error"} <= set(cmp.columns)
-    assert C.gmae(cmp["predicted_us"], cmp["measured_us"]) < 0.02
+    assert gmae(cmp["predicted_us"], cmp["measured_us"]) < 0.02
+
+
+@pytest.mark.parametrize("value", ["NaN", "0", "-5", "1e9", '"fast"'])
+def test_a_stored_calibration_out_of_its_range_is_refused_with_its_path(tmp_path, monkeypatch, value):
+    monkeypatch.setenv("CHARACTERIZE_CALIBRATION", str(tmp_path))
+    good = ModelConstants.defaults(gpu_spec("sm_80")).to_dict()
+    text = json.dumps({"constants": good}).replace(f'"l2_latency_ns": {good["l2_latency_ns"]}',
+                                                   f'"l2_latency_ns": {value}')
+    (tmp_path / "a100-80gb.json").write_text(text)
+    with pytest.raises(ConfigError, match=r"a100-80gb\.json: .*(l2_latency_ns|not a calibration)"):
+        load_calibration("sm_80")
+    (tmp_path / "a100-80gb.json").write_text("[1, 2]")
+    with pytest.raises(ConfigError, match="not a calibration file"):
+        load_calibration("sm_80")
 
 
 def test_cli_predict_json_and_table(tmp_path, monkeypatch):

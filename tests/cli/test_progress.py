@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from characterize.cli import main
 from characterize.cli.base import TerminalReporter, format_table
 from characterize.kernels.build import BuildSpec, BuildTally, build_many
-from characterize.pipeline import Lines, Quiet, as_reporter
+from characterize.progress import Lines, Quiet, as_reporter
 
 ROOT = Path(__file__).resolve().parents[2]
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")

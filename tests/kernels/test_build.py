@@ -2,6 +2,7 @@ import shutil
 
 import pytest
 
+from characterize import toolchain
 from characterize.errors import BuildError, ToolchainNotFound
 from characterize.kernels import build as B
 from characterize.kernels.build import (
@@ -48,7 +49,8 @@ def test_nvcc_is_found():
 
 
 def test_missing_nvcc_says_how_to_get_one(monkeypatch):
-    monkeypatch.setattr(B, "_nvcc_candidates", lambda: [])
+    monkeypatch.setattr(toolchain, "candidates", lambda name, places=None: [])
+    monkeypatch.delenv("CHARACTERIZE_NVCC", raising=False)
     B.find_nvcc.cache_clear()
     try:
         with pytest.raises(ToolchainNotFound, match=r"characterize\[nvcc\]"):

@@ -230,7 +230,7 @@ def test_every_variant_on_the_gpu(preset):
 
 @pytest.mark.gpu
 def test_runtime_occupancy_matches_static():
-    from characterize.hardware import ARCHS
+    from characterize.hardware.specs import ARCHS
     from characterize.kernels.build import build
     from characterize.kernels.occupancy import theoretical_occupancy
 

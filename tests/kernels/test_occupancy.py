@@ -1,7 +1,7 @@
 import pytest
 
 from characterize.errors import ConfigError
-from characterize.hardware import ARCHS
+from characterize.hardware.specs import ARCHS
 from characterize.kernels.occupancy import register_steps, theoretical_occupancy
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from characterize.config import WorkloadConfig
+from characterize.config import DTYPES, WorkloadConfig
 from characterize.errors import ConfigError, UnsupportedShape
 from characterize.kernels.build import BuildSpec
 from characterize.kernels.check import OUTPUT_ROUNDING, check_one, check_variants, make_table, tolerance
@@ -18,7 +18,7 @@ from characterize.kernels.library import (
     run_variant,
     table_dtype,
 )
-from characterize.kernels.registry import DTYPES, QPARAM_BYTES, VARIANTS, get_variant, warp_group
+from characterize.kernels.registry import VARIANTS, get_variant, warp_group
 from tests.conftest import HAS_GPU
 
 PUBLIC = [n for n, v in VARIANTS.items() if not v.test_only]
@@ -43,7 +43,7 @@ def runs(variant, dtype, D):
         return False
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("D", [68, 36, 80])
 def test_every_variant_matches_the_dequantized_reference(dtype, D):
     idx, off = odd_batch()
@@ -62,7 +62,7 @@ def test_every_variant_matches_the_dequantized_reference(dtype, D):
         assert runs("warp", dtype, D)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", list(DTYPES))
 def test_the_wrong_variant_still_fails(dtype):
     idx, off = odd_batch()
     r = check_one("wrong", make_table(dtype, 1009, 36), idx, off, backend="emulate")
@@ -71,7 +71,7 @@ def test_the_wrong_variant_still_fails(dtype):
 
 def test_check_variants_covers_every_dtype():
     results = check_variants(PUBLIC, ["medium"], WorkloadConfig.tiny(), modes=("sum",), backend="emulate",
-                             dtypes=DTYPES)
+                             dtypes=list(DTYPES))
     assert {r.dtype for r in results} == set(DTYPES)
     assert not [r for r in results if r.passed is False]
     skipped = {(r.variant, r.dtype) for r in results if r.passed is None}
@@ -91,7 +91,7 @@ def test_quantize_round_trip(dtype, row_align):
     w = torch.randn(257, 36, generator=torch.Generator().manual_seed(1))
     q = quantize_rowwise(w, dtype, row_align)
     assert q.data.dtype == torch.uint8 and q.shape == (257, 36) and table_dtype(q) == dtype
-    assert q.data.shape[1] == -(-(36 + QPARAM_BYTES[dtype]) // row_align) * row_align
+    assert q.data.shape[1] == -(-(36 + DTYPES[dtype].qparam_bytes) // row_align) * row_align
     back = dequantize(q)
     scale, _ = q.qparams()
     # within half a quantization step (plus the fp16 qparams' rounding)
@@ -145,7 +145,7 @@ def test_a_library_refuses_another_dtypes_table():
         tk.launch(idx, off)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("D", [16, 48, 128, 256, 1024])
 def test_warp_group_mirrors_the_cuda_source(dtype, D):
     lib = load_library(BuildSpec("emulate", dtype=dtype))
@@ -185,7 +185,7 @@ def test_l2_pinning_covers_an_int8_rows_scale_and_bias():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", list(DTYPES))
 def test_every_variant_and_dtype_on_the_gpu(dtype):
     results = check_variants(PUBLIC, ["medium", "random"], WorkloadConfig.tiny().replace(D=80), backend="cuda",
                              dtypes=[dtype])

@@ -8,6 +8,7 @@ import subprocess
 import pytest
 from click.testing import CliRunner
 
+from characterize import toolchain
 from characterize.errors import ToolchainNotFound
 from characterize.kernels import sass as S
 from characterize.kernels.build import BuildSpec, build, find_nvcc
@@ -90,7 +91,8 @@ def test_loop_classification_and_replay_on_a_listing():
 
 
 def test_missing_cuobjdump_says_how_to_get_it(monkeypatch):
-    monkeypatch.setattr(S, "cuda_tool_candidates", lambda name, env: [])
+    monkeypatch.setattr(toolchain, "candidates", lambda name, places=None: [])
+    monkeypatch.delenv("CHARACTERIZE_CUOBJDUMP", raising=False)
     S.find_cuobjdump.cache_clear()
     try:
         with pytest.raises(ToolchainNotFound, match=r"pip install 'characterize\[sass\]'"):

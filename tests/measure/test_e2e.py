@@ -24,7 +24,7 @@ from characterize.cli import main
 from characterize.cli.e2e import E2E_KEYS
 from characterize.config import DlrmConfig, WorkloadConfig
 from characterize.errors import ConfigError
-from characterize.hardware import gpu_spec
+from characterize.hardware.specs import gpu_spec
 from characterize.kernels.registry import VARIANT_ORDER
 from characterize.kernels.training import CUDA_BACKWARDS, training_facts
 from characterize.measure import e2e

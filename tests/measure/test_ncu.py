@@ -31,6 +31,7 @@ from characterize.measure.ncu import (
     run_ncu,
     stall_metric,
 )
+from characterize.toolchain import Places
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="fake ncu scripts are POSIX shell")
 
@@ -249,13 +250,12 @@ def layout(tmp_path: Path) -> dict[str, Path]:
 
 
 def _search(layout: dict[str, Path], *skip: str, explicit: Path | None = None) -> Path:
-    return find_ncu(
-        explicit,
+    return find_ncu(explicit, places=Places(
         path="" if "path" in skip else str(layout["path_dir"]),
-        cuda_home="" if "cuda_home" in skip else layout["cuda_home"],
+        cuda_home="" if "cuda_home" in skip else str(layout["cuda_home"]),
         nsight_root=layout["nsight"] / "none" if "nsight" in skip else layout["nsight"],
         cuda_parent=layout["cuda_parent"] / "none" if "cuda_parent" in skip else layout["cuda_parent"],
-    )
+        wheels=False))
 
 
 def test_find_ncu_precedence(layout: dict[str, Path]) -> None:
@@ -273,7 +273,8 @@ def test_find_ncu_picks_newest_nsight_and_skips_non_executables(tmp_path: Path) 
     newest_broken = root / "2026.1.0" / "ncu"
     newest_broken.parent.mkdir()
     newest_broken.write_text("not executable")
-    found = find_ncu(path="", cuda_home="", nsight_root=root, cuda_parent=tmp_path / "none")
+    found = find_ncu(places=Places(path="", cuda_home="", nsight_root=root, cuda_parent=tmp_path / "none",
+                                   wheels=False))
     assert found == root / "2025.10.0" / "ncu"
 
 
@@ -281,24 +282,26 @@ def test_find_ncu_prefers_plain_cuda_link_then_newest_toolkit(tmp_path: Path) ->
     parent = tmp_path / "local"
     _fake_exe(parent / "cuda-12.4" / "bin" / "ncu")
     _fake_exe(parent / "cuda-13.0" / "bin" / "ncu")
-    kwargs = {"path": "", "cuda_home": "", "nsight_root": tmp_path / "none", "cuda_parent": parent}
-    assert find_ncu(**kwargs) == parent / "cuda-13.0" / "bin" / "ncu"
+    places = Places(path="", cuda_home="", nsight_root=tmp_path / "none", cuda_parent=parent, wheels=False)
+    assert find_ncu(places=places) == parent / "cuda-13.0" / "bin" / "ncu"
     _fake_exe(parent / "cuda" / "bin" / "ncu")
-    assert find_ncu(**kwargs) == parent / "cuda" / "bin" / "ncu"
+    assert find_ncu(places=places) == parent / "cuda" / "bin" / "ncu"
 
 
 def test_find_ncu_reads_environment_by_default(layout: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", "")
     monkeypatch.setenv("CUDA_HOME", str(layout["cuda_home"]))
-    found = find_ncu(nsight_root=layout["nsight"] / "none", cuda_parent=layout["cuda_parent"] / "none")
+    found = find_ncu(places=Places(nsight_root=layout["nsight"] / "none", cuda_parent=layout["cuda_parent"] / "none",
+                                   wheels=False))
     assert found == layout["cuda_home"] / "bin" / "ncu"
 
 
 def test_find_ncu_not_found_names_places_and_remedy(tmp_path: Path) -> None:
     with pytest.raises(NcuNotFound) as info:
-        find_ncu(path="", cuda_home="", nsight_root=tmp_path / "opt", cuda_parent=tmp_path / "usr")
+        find_ncu(places=Places(path="", cuda_home="", nsight_root=tmp_path / "opt", cuda_parent=tmp_path / "usr",
+                               wheels=False))
     message = str(info.value)
-    assert "ncu on PATH" in message and str(tmp_path / "opt") in message and str(tmp_path / "usr") in message
+    assert "PATH" in message and str(tmp_path / "opt") in message and str(tmp_path / "usr") in message
     assert "Install Nsight Compute" in message and "--ncu PATH" in message
 
 

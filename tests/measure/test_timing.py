@@ -140,7 +140,7 @@ def test_the_cold_flush_writes_then_reads_twice_the_l2_so_no_dirty_line_is_left(
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: the delay kernel and events run there")
 def test_on_a_gpu_every_counted_repetition_is_free_of_host_gaps():
-    from characterize.hardware import devices
+    from characterize.hardware.devices import devices
 
     g = torch.Generator(device="cuda").manual_seed(3)
     weight = torch.rand(100_003, 128, generator=g, device="cuda")

@@ -91,7 +91,7 @@ def _l2p_tables(max_persisting: int, T: int = 2):
 
     import torch
 
-    from characterize.hardware import gpu_spec
+    from characterize.hardware.specs import gpu_spec
     from characterize.kernels.library import bind
 
     gpu = dataclasses.replace(gpu_spec("a100"), max_persisting_l2_bytes=max_persisting)
@@ -143,7 +143,7 @@ def test_a_bench_point_of_l2p_records_its_set_aside(tmp_path):
 def test_on_a_gpu_the_set_aside_is_granted_within_the_device_maximum_and_restored():
     import torch
 
-    from characterize.hardware import devices
+    from characterize.hardware.devices import devices
     from characterize.kernels.library import bind
     from characterize.measure.worker import l2_set_aside
 

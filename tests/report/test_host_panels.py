@@ -25,7 +25,7 @@ def run_with(tmp: Path, predictions: pd.DataFrame) -> Path:
     exp = load_experiment(str(write_experiment(tmp, datasets=("medium", "low"), variants=("base",))))
     path = tmp / "run"
     run = RunDir.create(path, run_meta(exp, path, None))
-    run.write_table("predictions", predictions)
+    run.write("predictions", predictions)
     return path
 
 

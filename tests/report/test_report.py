@@ -96,7 +96,7 @@ def make_gpu_run(path: Path, tmp: Path, *, variants=("torch", "base", "optmt", "
                 rows.append({**rows[-1], "maxrregcount": cap, "registers": regs, "spill_stores": sp // 3,
                              "spill_loads": sp - sp // 3, "blocks_per_sm": blocks,
                              "theoretical_occupancy_pct": 12.5 * blocks, "sweep": True})
-        run.write_table("static", pd.DataFrame(rows))
+        run.write("static", pd.DataFrame(rows))
     if locality:
         locality_step(run, exp)
     if profile_report is not None:
@@ -125,7 +125,7 @@ def make_gpu_run(path: Path, tmp: Path, *, variants=("torch", "base", "optmt", "
                                  "time_us": t, "time_us_low": 0.8 * t, "time_us_high": 1.3 * t,
                                  "speedup_vs_base": 1 / FACTOR[v], "loads_in_flight": 3 if v in ("rpf", "combined")
                                  else 8 if v == "warp" else 1})
-        run.write_table("predictions", pd.DataFrame(rows))
+        run.write("predictions", pd.DataFrame(rows))
     run.update_meta(steps={"static": "done", "locality": "done", "bench": "done", "profile": "done"})
     return path
 
@@ -589,7 +589,7 @@ def test_memory_columns_are_honest_in_the_report(small_run):
     run.metrics = pd.concat([m, extra], ignore_index=True)
     html = report_html([run], strict=True)
     kernels = panel_html(html, "s1-kernels")
-    assert "28.00 KB" in kernels and "43.00 MB" in kernels and "DRAM written" in kernels
+    assert "27.3 KiB" in kernels and "41.0 MiB" in kernels and "DRAM written" in kernels
     assert "100.0%*" in kernels and "ncu reported 100.10%" in kernels and "no traffic" in kernels
     memory = panel_html(html, "s1-memory")
     assert "100.0%*" in memory and "no traffic" in memory and "artifact of its sector accounting" in memory

@@ -11,17 +11,10 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from characterize.config import (
-    MEMORY_BUDGET_ENV,
-    Pooling,
-    WorkloadConfig,
-    available_memory,
-    check_memory,
-    memory_budget,
-    parse_memory,
-)
+from characterize.config import Pooling, WorkloadConfig
 from characterize.errors import ConfigError, MemoryBudgetError, WorkloadError
 from characterize.measure.worker import Session
+from characterize.memory import MEMORY_BUDGET_ENV, available_memory, check_memory, memory_budget, parse_memory
 from characterize.pipeline import load_experiment
 from characterize.workloads import traces
 from characterize.workloads.locality import reuse_distances, source_locality

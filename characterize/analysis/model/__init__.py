@@ -1,4 +1,4 @@
-"""Model stage: kernel time, L2 hit rate and memory traffic of every variant on any GPU
+"""Analysis stage, the model: kernel time, L2 hit rate and memory traffic of every variant on any GPU
 in the spec table, predicted from the trace and the static characterization alone,
 with a handful of constants that a measured run can calibrate.
 

@@ -1,17 +1,19 @@
-"""Model constants: the latencies and efficiencies a measured run can calibrate, with the
+"""Analysis stage, model constants: the latencies and efficiencies a measured run can calibrate, with the
 bounds calibration keeps them in.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
+import os
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from pathlib import Path
+from typing import Any, Mapping
 
 from characterize.errors import ConfigError
-from characterize.hardware import GpuSpec
-
-Progress = Callable[[str], None]
+from characterize.hardware.specs import GpuSpec, gpu_spec
 
 SECTOR = 32          # bytes: the unit of L1/L2/DRAM traffic
 WAVEFRONT = 128      # bytes an L1 request moves per cycle
@@ -97,3 +99,34 @@ BOUNDS: dict[str, tuple[float, float]] = {
 FIT_DEFAULT = tuple(BOUNDS)
 
 
+# ----------------------------------------------------------- stored calibrations
+def calibration_dir() -> Path:
+    """$CHARACTERIZE_CALIBRATION, else ~/.config/characterize/calibration."""
+    env = os.environ.get("CHARACTERIZE_CALIBRATION")
+    return Path(env) if env else Path.home() / ".config" / "characterize" / "calibration"
+
+
+def calibration_path(gpu: str | GpuSpec) -> Path:
+    """Where `characterize calibrate` stores a GPU's fitted constants."""
+    spec = gpu if isinstance(gpu, GpuSpec) else gpu_spec(gpu)
+    return calibration_dir() / f"{spec.key}.json"
+
+
+def load_calibration(gpu: str | GpuSpec) -> ModelConstants | None:
+    """The stored calibrated constants of a GPU, or None when it was never calibrated.
+    A file that is not a calibration, or holds a constant that is not a finite number
+    inside the range calibrate() keeps it in (BOUNDS), is refused with its path."""
+    path = calibration_path(gpu)
+    if not path.is_file():
+        return None
+    fix = "delete it or run `characterize calibrate` again"
+    try:
+        data = json.loads(path.read_text())
+        consts = ModelConstants.from_dict(data["constants"])
+    except (OSError, ValueError, KeyError, TypeError, ConfigError) as e:
+        raise ConfigError(f"{path}: not a calibration file ({e}); {fix}") from None
+    for name, (lo, hi) in BOUNDS.items():
+        v = getattr(consts, name)
+        if not math.isfinite(v) or not lo <= v <= hi:
+            raise ConfigError(f"{path}: constant {name} = {v!r} is outside its range {lo:g}..{hi:g}; {fix}")
+    return consts

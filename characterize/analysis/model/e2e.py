@@ -1,4 +1,4 @@
-"""Model, end to end: one DLRM batch (inference, or a training step) around each
+"""Analysis stage, model of the whole step: one DLRM batch (inference, or a training step) around each
 embedding variant, stage by stage.
 
 Each operator is one GPU kernel. A GEMM costs the larger of its arithmetic at the
@@ -27,11 +27,11 @@ from typing import Iterable, Mapping, Sequence
 
 import pandas as pd
 
-from characterize.analysis.calibrate import gmae
 from characterize.analysis.model.constants import ModelConstants
+from characterize.analysis.model.scores import gmae
 from characterize.config import INDEX_BYTES, DlrmConfig, WorkloadConfig
 from characterize.errors import ConfigError
-from characterize.hardware import GpuSpec
+from characterize.hardware.specs import GpuSpec
 from characterize.kernels.training_registry import CUDA_BACKWARDS, OPTIMIZERS, kernel_for, segment_chunk
 
 #: the stages of one batch, in execution order (also the order of the report's stacked bars)

@@ -1,4 +1,4 @@
-"""Model, equations: time, traffic and the bounding resource of one prepared point.
+"""Analysis stage, model equations: time, traffic and the bounding resource of one prepared point.
 """
 
 from __future__ import annotations

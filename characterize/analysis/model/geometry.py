@@ -1,4 +1,4 @@
-"""Model, geometry: what one table launch of a variant looks like on a GPU (bags, warps,
+"""Analysis stage, model geometry: what one table launch of a variant looks like on a GPU (bags, warps,
 waves), from the variant's shape and the static characterization, and what each warp
 does per lookup (latencies serialized, rows in flight, instructions), from its SASS.
 """
@@ -11,20 +11,20 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from characterize.analysis.model.constants import SECTOR, Progress
+from characterize.analysis.model.constants import SECTOR
 from characterize.analysis.model.host import HostProfile
 from characterize.analysis.model.locality import TraceProfile, sectors_per_row
-from characterize.config import WorkloadConfig
+from characterize.config import DTYPES, WorkloadConfig
 from characterize.errors import ConfigError
-from characterize.hardware import UVM_PAGE_BYTES, GpuSpec
+from characterize.hardware.specs import UVM_PAGE_BYTES, GpuSpec
 from characterize.kernels.registry import (
-    ELEMENT_BYTES,
     Variant,
     default_cache_rows,
     get_variant,
     vector_elems,
     warp_group,
 )
+from characterize.progress import Progress
 
 
 # ------------------------------------------------------------- kernel shapes
@@ -100,17 +100,18 @@ def _geometry(v: Variant, wl: WorkloadConfig, bags: int) -> dict[str, Any]:
     blocks = min(grid, -(-tasks // warps_per_block))
     rounds = -(-tasks // (grid * warps_per_block))
     return dict(family="chunk", chunks=chunks, group=32, rows_per_step=1, warps_per_block=warps_per_block,
-                blocks=blocks, rounds=rounds, bytes_per_load=min(v.block[0], wl.D) * ELEMENT_BYTES[wl.dtype],
+                blocks=blocks, rounds=rounds, bytes_per_load=min(v.block[0], wl.D) * DTYPES[wl.dtype].element_bytes,
                 block_num=chunks, block_den=warps_per_block)
 
 
 def _of_dtype(df: pd.DataFrame, dtype: str, what: str) -> pd.DataFrame:
     """The rows of one dtype's build (rows without a dtype column are fp32 builds)."""
-    have = set(df["dtype"].fillna("fp32")) if "dtype" in df.columns else {"fp32"}
+    dtypes = df["dtype"].astype(object).fillna("fp32") if "dtype" in df.columns else pd.Series("fp32", df.index)
+    have = set(dtypes)
     if dtype not in have:
         raise ConfigError(f"the {what} rows are for {', '.join(sorted(have))}, not {dtype}; characterize the "
                           f"{dtype} build (`characterize build --dtype {dtype}`, `characterize sass --dtype {dtype}`)")
-    return df[df["dtype"].fillna("fp32") == dtype] if "dtype" in df.columns else df
+    return df[dtypes == dtype]
 
 
 def _static_table(static: Any, dtype: str = "fp32") -> dict[tuple[str, str], tuple[int, int]]:

@@ -1,4 +1,4 @@
-"""Model, host-resident tables: the `cache` variant (a frequency-aware GPU cache of C rows
+"""Analysis stage, model of host-resident tables: the `cache` variant (a frequency-aware GPU cache of C rows
 of a table in host memory) and the `uvm` variant (the table in managed memory), per
 table launch, from the trace and the host link of the GPU (hardware.HOST_LINKS).
 
@@ -35,7 +35,7 @@ import numpy as np
 
 from characterize.analysis.model.locality import TraceProfile, _hit_fraction, _Stream
 from characterize.config import INDEX_BYTES
-from characterize.hardware import UVM_FAULT_BATCH, UVM_PAGE_BYTES, GpuSpec, HOST_ROW_GATHER_GBps
+from characterize.hardware.specs import UVM_FAULT_BATCH, UVM_PAGE_BYTES, GpuSpec, HOST_ROW_GATHER_GBps
 
 #: bytes moved per id by torch.unique on the GPU: a radix sort of 64-bit keys with 64-bit
 #: positions (8 passes of 8-bit digits, each reading and writing 16 bytes) plus the unique

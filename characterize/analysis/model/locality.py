@@ -1,4 +1,4 @@
-"""Model, locality: per-table hit rates from reuse distances, computed once per dataset
+"""Analysis stage, model locality: per-table hit rates from reuse distances, computed once per dataset
 and shared by every variant and GPU.
 """
 

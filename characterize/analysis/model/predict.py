@@ -1,4 +1,4 @@
-"""Model, predictions: every variant x dataset x GPU of an experiment as a tidy frame.
+"""Analysis stage, model predictions: every variant x dataset x GPU of an experiment as a tidy frame.
 """
 
 from __future__ import annotations
@@ -8,23 +8,17 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from characterize.analysis.calibrate import load_calibration
-from characterize.analysis.model.constants import MODES, ModelConstants, Progress
+from characterize.analysis.model.constants import MODES, ModelConstants, load_calibration
 from characterize.analysis.model.equations import _evaluate
 from characterize.analysis.model.geometry import _Point, _prepare
 from characterize.config import ExperimentConfig, WorkloadConfig
 from characterize.errors import ConfigError
-from characterize.hardware import GpuSpec, gpu_spec
+from characterize.hardware.specs import GpuSpec, gpu_spec
+from characterize.progress import Progress
+from characterize.rundir import artifact
 
-COLUMNS = ["variant", "dtype", "dataset", "arch", "gpu", "mode", "constants", "time_us", "time_us_low", "time_us_high",
-           "speedup_vs_base", "bound",
-           "l1_hit_rate_pct", "l2_hit_rate_pct", "l2_hit_rate_all_pct", "dram_bytes", "l2_bytes", "l1_bytes",
-           "blocks_per_sm", "registers", "resident_warps", "loads_in_flight", "latencies_per_lookup",
-           "instructions_per_lookup", "bytes_per_load", "parallelism",
-           "bytes_in_flight_per_sm", "requests", "latency_ns", "index_latency_ns", "step_ns", "waves",
-           "latency_us", "dram_us", "l2_us", "l1_us", "issue_us", "prepass_us", "pinned_rows",
-           "cache_ratio", "cache_rows", "cache_hit_rate_pct", "cache_lookup_hit_rate_pct", "host_bytes", "host_link",
-           "dedup_us", "transfer_us", "lookup_us", "note"]
+#: the columns of predictions.csv, declared in characterize.rundir
+COLUMNS = artifact("predictions").column_names
 
 
 def _frame(points: Sequence[_Point], consts: Mapping[str, tuple[ModelConstants, str]],
@@ -124,8 +118,9 @@ def primary_predictions(pred: pd.DataFrame, dtype: str | None = None, cache_rati
     if pred.empty:
         return pred
     p = pred
-    if "dtype" in p.columns:
-        p = p[p["dtype"] == (dtype if dtype in set(p["dtype"]) else p["dtype"].iloc[0])]
+    if "dtype" in p.columns:   # rows written without a dtype are fp32 (runs from before the precision grid)
+        dt = p["dtype"].astype(object).fillna("fp32")
+        p = p[dt == (dtype if dtype in set(dt) else dt.iloc[0])]
     if "cache_ratio" in p.columns and p["cache_ratio"].notna().any():
         swept = p["cache_ratio"].notna()
         ratios = p.loc[swept, "cache_ratio"].astype(float)

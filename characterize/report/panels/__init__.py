@@ -1,1 +1,1 @@
-"""Report panels, declared as data: one module per kind of source."""
+"""Report stage, panels declared as data: one module per kind of source."""

@@ -1,4 +1,4 @@
-"""Report panels comparing two sources: matched kernels with deltas, timings with
+"""Report stage, panels comparing two sources: matched kernels with deltas, timings with
 significance, and (between two runs) the static characterization, the SASS hot loops
 and the model's predictions.
 """
@@ -23,7 +23,6 @@ from characterize.report.blocks import (
     _order,
     _table,
     _txt,
-    fmt_bytes,
     fmt_ci,
     fmt_num,
     fmt_pct,
@@ -32,6 +31,7 @@ from characterize.report.blocks import (
 from characterize.report.layout import S_COMPARE, Panel, _timing_prov
 from characterize.report.provenance import PROVENANCE
 from characterize.report.sources import Pair, RunSource
+from characterize.units import format_bytes
 
 # ------------------------------------------------------------------ helpers
 _US = lambda v: fmt_num(v / 1e3)  # noqa: E731 - ns -> µs for a table cell
@@ -48,8 +48,8 @@ KERNEL_METRICS: tuple[tuple[str, str, Callable[[Any], str], bool], ...] = (
     ("registers_per_thread", "registers/thread", fmt_num, False),
     ("l1_hit_rate_pct", "L1 hit rate", fmt_pct, False),
     ("l2_hit_rate_pct", "L2 hit rate", fmt_pct, True),
-    ("dram_bytes_read", "DRAM read", fmt_bytes, True),
-    ("dram_bytes_write", "DRAM written", fmt_bytes, True),
+    ("dram_bytes_read", "DRAM read", format_bytes, True),
+    ("dram_bytes_write", "DRAM written", format_bytes, True),
     ("inst_issued", "instructions issued", fmt_num, False),
     ("stall_long_scoreboard", "long-scoreboard stall (cycles/inst)", fmt_num, True),
     ("stall_barrier", "barrier stall (cycles/inst)", fmt_num, False),

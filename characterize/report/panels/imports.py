@@ -1,4 +1,4 @@
-"""Report panels of an imported Nsight Compute file: where the time goes, speed of light
+"""Report stage, panels of an imported Nsight Compute file: where the time goes, speed of light
 and roofline, the memory chart, time-weighted warp stalls, occupancy, every kernel and
 ncu's rule findings ranked.
 """
@@ -25,7 +25,6 @@ from characterize.report.blocks import (
     _table,
     _txt,
     clamped_any,
-    fmt_bytes,
     fmt_num,
     fmt_pct,
     kernel_table,
@@ -45,6 +44,7 @@ from characterize.report.plots import (
 )
 from characterize.report.sources import ImportSource
 from characterize.report.views import first_answer, memory_spec, stall_blocks, stall_text
+from characterize.units import format_bytes
 
 MODES = "ncu collection modes are not recorded in an exported report: ncu's defaults are --cache-control all " \
         "(caches flushed before each kernel) and --clock-control base (locked clocks) unless the profiler was " \
@@ -86,7 +86,7 @@ def _top_stalls(s: ImportSource) -> dict[Any, Any]:
 def _i_summary(s: ImportSource) -> PanelOutput:
     w = s.kernels
     devices = sorted({str(d) for d in w.get("device", pd.Series(dtype=str)).dropna() if str(d)})
-    rows = [("file", str(s.path)), ("size", fmt_bytes(s.path.stat().st_size)), ("kernels", len(w)),
+    rows = [("file", str(s.path)), ("size", format_bytes(s.path.stat().st_size)), ("kernels", len(w)),
             ("metric values", len(s.metrics)), ("distinct metrics", s.metrics["metric"].nunique()),
             ("device", ", ".join(devices) or "not recorded"), ("collection modes", MODES)]
     blocks: list[Any] = [_kv(rows)]
@@ -119,7 +119,7 @@ def _i_time(s: ImportSource) -> PanelOutput:
                                                        f"{fmt_pct(r.get('memory_throughput_pct'))}", "num")),
             ("top stalls (cycles per issued instruction, share of its stalls)",
              lambda r: Cell(stall_text(stalls.get(r["kernel_id"])), "")),
-            ("DRAM read", _col("dram_bytes_read", fmt_bytes)), ("DRAM written", _col("dram_bytes_write", fmt_bytes))]
+            ("DRAM read", _col("dram_bytes_read", format_bytes)), ("DRAM written", _col("dram_bytes_write", format_bytes))]
     blocks.append(_table(d, spec, caption="Kernels by time, longest first"))
     return PanelOutput(blocks)
 

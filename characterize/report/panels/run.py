@@ -1,4 +1,4 @@
-"""Report panels of a stored run: overview, locality, static, timing, Nsight Compute,
+"""Report stage, panels of a stored run: overview, locality, static, timing, Nsight Compute,
 model and failures.
 """
 
@@ -13,11 +13,11 @@ import pandas as pd
 
 from characterize.analysis import compare as analyze
 from characterize.analysis import ncu
-from characterize.analysis.calibrate import gmae
 from characterize.analysis.claims import PAPER_CLAIMS
 from characterize.analysis.model.e2e import INFERENCE_STAGES, TRAINING_STAGES, stage_gmae
 from characterize.analysis.model.predict import precision_grid
-from characterize.hardware import DEFAULT_GPU, GPUS, HOST_LINKS
+from characterize.analysis.model.scores import gmae
+from characterize.hardware.specs import DEFAULT_GPU, HOST_LINKS
 from characterize.kernels.registry import HOST_VARIANTS
 from characterize.report.blocks import (
     CLAMP_NOTE,
@@ -38,7 +38,6 @@ from characterize.report.blocks import (
     _table,
     _txt,
     clamped_any,
-    fmt_bytes,
     fmt_ci,
     fmt_num,
     fmt_pct,
@@ -98,7 +97,8 @@ from characterize.report.plots import (
 from characterize.report.provenance import PROVENANCE, TIMING_MODES, ncu_mode_text
 from characterize.report.sources import RunSource
 from characterize.report.views import memory_spec
-from characterize.workloads.locality import PAPER_HOT_ROWS
+from characterize.units import format_bytes
+from characterize.workloads.locality import PAPER_HOT_ROWS, named_ks
 
 
 # ------------------------------------------------------------ run: overview
@@ -370,12 +370,9 @@ def _predicted_headline_panel(s: RunSource) -> PanelOutput:
 def _l2_marks(s: RunSource, row_bytes: int | None) -> dict[str, int]:
     if not row_bytes:
         return {}
-    marks = {}
-    for arch in (s.meta.get("experiment") or {}).get("archs", []):
-        spec = GPUS.get(DEFAULT_GPU.get(arch, ""))
-        if spec is not None:
-            marks[f"{spec.name} L2"] = spec.rows_in_l2(row_bytes)
-    return marks
+    archs = [a for a in (s.meta.get("experiment") or {}).get("archs", []) if a in DEFAULT_GPU]
+    return {name: k for name, k in named_ks(row_bytes, archs).items() if name.endswith(" L2")
+            and "persisting" not in name}
 
 
 def _p_locality(s: RunSource) -> PanelOutput:
@@ -403,7 +400,7 @@ def _p_locality(s: RunSource) -> PanelOutput:
                                                                 if not _isnan(r.get(f"top_{k}")) else "–", "num"))(k))
              for k in ks]
     spec += [(f"reuse {q}", _col(f"q_{q}")) for q in qs]
-    spec += [("bytes touched", _col("bytes_touched", fmt_bytes))]
+    spec += [("bytes touched", _col("bytes_touched", format_bytes))]
     blocks: list[Any] = [_table(rows, spec, caption="One table of each dataset (tables share a distribution)",
                                 note="reuse distance: distinct rows read between two reads of the same row; "
                                      "top-K coverage: fraction of lookups that hit the K most frequent rows")]
@@ -941,8 +938,8 @@ def _p_predictions(s: RunSource) -> PanelOutput:
                          ("time_us_low", "band low (µs)", fmt_num), ("time_us_high", "band high (µs)", fmt_num),
                          ("speedup_vs_base", "predicted vs base", fmt_x),
                          ("l2_hit_rate_pct", "predicted L2 hit", fmt_pct),
-                         ("dram_bytes", "predicted DRAM bytes", fmt_bytes),
-                         ("l2_bytes", "predicted L2 bytes", fmt_bytes),
+                         ("dram_bytes", "predicted DRAM bytes", format_bytes),
+                         ("l2_bytes", "predicted L2 bytes", format_bytes),
                          ("bound", "bound by", _txt), ("constants", "constants", _txt), ("note", "note", _txt)):
         if col in p.columns:
             spec.append((head, _col(col, f, "num" if f is not _txt else "")))
@@ -1117,7 +1114,7 @@ def _p_host_bytes(s: RunSource) -> PanelOutput:
     blocks.append(_figure_block(host_bytes_figure(cache, budget, f"Predicted host bytes vs {link.name} ({gpu})"),
                                 "Host bytes against link bandwidth", _host_prov(s), stamp=PREDICTION_STAMP))
     spec = [*POINT_COLS, ("cache (% of E)", _col("cache_ratio", fmt_pct100)),
-            ("host bytes per launch", _col("host_bytes", fmt_bytes)), ("link", _code("host_link")),
+            ("host bytes per launch", _col("host_bytes", format_bytes)), ("link", _code("host_link")),
             ("transfer (µs)", _col("transfer_us"))]
     blocks.append(DetailsBlock(f"Host traffic ({len(d)} rows)", [_table(_order(d), spec, caption="PREDICTED; uvm "
                                                                         "migrates whole 64 KiB pages")]))

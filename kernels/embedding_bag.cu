@@ -25,6 +25,7 @@
 // one 512-byte row (16 sectors of 32 B); a table costs B*L*512 B = 157 MB of row
 // traffic against 2.4 MB of indices and 1 MB of output, so the kernels are bound by
 // how many row loads are in flight, not by arithmetic.
+#define CHZ_UNSUPPORTED_MESSAGE "shape not supported by this variant"
 #include "chz_compat.cuh"
 
 #include <type_traits>
@@ -661,29 +662,10 @@ CHZ_EXPORT int chz_kernel_info(const char* which, int block, int* blocks_per_sm,
 #endif
 }
 
-// ------------------------------------------------------------------- errors
-CHZ_EXPORT const char* chz_error_string(int code) {
-  switch (code) {
-    case CHZ_OK: return "no error";
-    case CHZ_ERR_BAD_ARGUMENT: return "bad argument (null pointer, negative size or unknown mode)";
-    case CHZ_ERR_UNSUPPORTED: return "shape not supported by this variant";
-    case CHZ_ERR_EMULATION: return "the CPU emulator detected a kernel bug";
-    case CHZ_ERR_DTYPE: return "the table's dtype is not the one this library was built for";
-  }
-  return cudaGetErrorString((cudaError_t)code);
-}
-
-// The dtype this library's kernels read (chz_dtype) and the bytes of an int8 row's scale + bias.
-CHZ_EXPORT int chz_dtype() { return kDtype; }
+// ------------------------------------------------------------------- dtype
+// The bytes of an int8 row's scale + bias (chz_error_string, chz_dtype and
+// chz_is_emulated come from chz_compat.cuh).
 CHZ_EXPORT int chz_qparam_bytes() { return kQparamBytes; }
-
-CHZ_EXPORT int chz_is_emulated() {
-#if defined(CHZ_EMULATE)
-  return 1;
-#else
-  return 0;
-#endif
-}
 
 // ------------------------------------------------- persisting-L2 set-aside (l2p)
 // The l2p/combined pre-pass marks the hot rows evict_last; the CUDA programming guide

@@ -84,3 +84,34 @@ struct chz_launch {
   int32_t grid;               // blocks; 0 lets the launcher size the grid
   int32_t prefetch_distance;  // rpf: rows kept in flight per thread (1..8)
 };
+
+// ------------------------------------------------ what every library exports
+// Each library is one .cu file that includes this header once; these entry points are
+// the same in all of them. CHZ_UNSUPPORTED_MESSAGE says what CHZ_ERR_UNSUPPORTED means
+// for that library's kernels (define it before including this header).
+#ifndef CHZ_UNSUPPORTED_MESSAGE
+#define CHZ_UNSUPPORTED_MESSAGE "shape not supported by this kernel"
+#endif
+
+CHZ_EXPORT const char* chz_error_string(int code) {
+  switch (code) {
+    case CHZ_OK: return "no error";
+    case CHZ_ERR_BAD_ARGUMENT: return "bad argument (null pointer, negative size, or an unknown mode or option)";
+    case CHZ_ERR_UNSUPPORTED: return CHZ_UNSUPPORTED_MESSAGE;
+    case CHZ_ERR_EMULATION: return "the CPU emulator detected a kernel bug";
+    case CHZ_ERR_DTYPE: return "the table's dtype is not the one this library was built for";
+  }
+  return cudaGetErrorString((cudaError_t)code);
+}
+
+// The dtype this library's kernels read (one library per dtype).
+CHZ_EXPORT int chz_dtype() { return CHZ_DTYPE; }
+
+CHZ_EXPORT int chz_is_emulated() {
+#if defined(CHZ_EMULATE)
+  return 1;
+#else
+  return 0;
+#endif
+}
+

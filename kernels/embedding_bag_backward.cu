@@ -33,6 +33,7 @@
 // backward gathers N rows of the bag gradients (157 MB, L2 hits: the 1 MB fits) and
 // writes U rows (U = unique rows: 22K-230K by hotness); the fused update also reads and
 // writes those U table rows (and U momenta) and never writes a gradient.
+#define CHZ_UNSUPPORTED_MESSAGE "shape not supported by this kernel (D > 256, or an int8 table to update)"
 #include "chz_compat.cuh"
 
 #include <math.h>
@@ -551,27 +552,5 @@ CHZ_EXPORT int chz_bwd_kernel_info(const char* kind, int chunks, int block, int*
     case 8: return chz_bwd_info_c<8>(kind, block, blocks_per_sm, registers);
   }
   return CHZ_ERR_BAD_ARGUMENT;
-#endif
-}
-
-// ------------------------------------------------------------------- errors
-CHZ_EXPORT const char* chz_error_string(int code) {
-  switch (code) {
-    case CHZ_OK: return "no error";
-    case CHZ_ERR_BAD_ARGUMENT: return "bad argument (null pointer, negative size, unknown mode or weights with mean)";
-    case CHZ_ERR_UNSUPPORTED: return "shape not supported by this kernel (D > 256, or an int8 table to update)";
-    case CHZ_ERR_EMULATION: return "the CPU emulator detected a kernel bug";
-    case CHZ_ERR_DTYPE: return "the table's dtype is not the one this library was built for";
-  }
-  return cudaGetErrorString((cudaError_t)code);
-}
-
-CHZ_EXPORT int chz_dtype() { return kDtype; }
-
-CHZ_EXPORT int chz_is_emulated() {
-#if defined(CHZ_EMULATE)
-  return 1;
-#else
-  return 0;
 #endif
 }

@@ -1,0 +1,1 @@
+"""Hardware stage: the spec table (specs) and the GPUs present (devices)."""

@@ -1,0 +1,272 @@
+"""Run directory: every file a run directory can hold, declared once, as data.
+
+The run directory is the contract between stages: the pipeline writes it step by
+step, `store.Run` reads it back, the report and the notebook show it, other machines
+resume it. Each artifact below says its path, format, the pipeline step that writes
+it, whether its numbers are measured, static, predicted or a record, a one-line
+meaning and, for tables, every column with its unit. Writers (`store.RunDir.write`),
+readers (`store.Run.table`), the model's output columns, the report's data needs,
+the README's run-directory table and the notebook's column help all come from here,
+and a schema test holds a committed run and a fresh one to it. Adding an artifact
+touches this table and the step that writes it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+#: what the numbers in a file are
+SOURCES = ("measured", "static", "trace", "predicted", "record")
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of a table artifact."""
+
+    name: str
+    unit: str      # "" for text and flags; us, ns, %, B, count, x (a ratio), MHz, ...
+    meaning: str
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """One file (or family of files) of a run directory."""
+
+    key: str                     # how the code names it
+    path: str                    # relative to the run directory; '*' for a family of files
+    format: str                  # csv | json | text | ncu-rep | html | folder
+    step: str                    # the pipeline step that writes it (pipeline.STEPS), or 'run'
+    source: str                  # measured | static | trace | predicted | record (SOURCES)
+    meaning: str
+    columns: tuple[Column, ...] = ()
+
+    @property
+    def column_names(self) -> list[str]:
+        return [c.name for c in self.columns]
+
+    def column(self, name: str) -> Column:
+        for c in self.columns:
+            if c.name == name:
+                return c
+        raise KeyError(f"{self.path} has no column {name!r}")
+
+
+def _cols(*specs: str) -> tuple[Column, ...]:
+    """Columns from 'name | unit | meaning' lines."""
+    out = []
+    for spec in specs:
+        name, unit, meaning = (part.strip() for part in spec.split("|", 2))
+        out.append(Column(name, unit, meaning))
+    return tuple(out)
+
+
+_STATIC = _cols(
+    "variant | | the kernel variant (kernels.registry)",
+    "arch | | SM architecture compiled for (sm_80, sm_90, ...)",
+    "maxrregcount | count | the register cap given to nvcc (empty: uncapped)",
+    "kernel | | the kernel's name as ptxas reports it",
+    "role | | lookup (the embedding-bag kernel) or prepass (the L2 pinning pre-pass)",
+    "registers | count | registers per thread (ptxas)",
+    "spill_stores | B | bytes of spill stores per thread (ptxas)",
+    "spill_loads | B | bytes of spill loads per thread (ptxas)",
+    "stack_frame | B | stack frame per thread (ptxas)",
+    "shared_mem | B | static shared memory per block (ptxas)",
+    "block_size | count | threads per block as launched",
+    "blocks_per_sm | count | resident blocks per SM (occupancy calculator)",
+    "theoretical_occupancy_pct | % | resident warps over the SM's maximum",
+    "limiter | | what limits occupancy: registers, shared memory, warps or blocks",
+    "sweep | | true for a register-sweep row rather than the variant as configured",
+    "compiler | | nvcc path, version and where it was found",
+    "dtype | | table element type of the build (config.DTYPES)",
+)
+
+_SASS = _cols(
+    "variant | | the kernel variant",
+    "arch | | SM architecture of the SASS",
+    "kernel | | the kernel whose hot loop this is",
+    "loop | | header and latch addresses of the hot loop",
+    "role | | lookup or prepass",
+    "maxrregcount | count | register cap of the build (empty: uncapped)",
+    "registers | count | registers per thread",
+    "instructions | count | instructions on one steady-state iteration of the hot loop",
+    "lookups_per_iteration | count | distinct indices the iteration's row loads gather by",
+    "instructions_per_lookup | count | instructions / lookups per iteration",
+    "row_loads | count | gathered global loads of table rows per iteration",
+    "index_loads | count | global loads whose value feeds a gather's address",
+    "other_loads | count | other global loads (weights, offsets)",
+    "load_bits | | global loads per width in bits, a JSON object",
+    "local_mem_ops | count | LDL/STL (spills) on the hot loop's path",
+    "shuffles | count | SHFL instructions per iteration",
+    "prefetches | | CCTL prefetches by kind, a JSON object (E.PML2: evict_last)",
+    "cycles_per_iteration | count | in-order replay: cycles per iteration",
+    "latencies_per_iteration | count | memory latencies a warp serializes per iteration",
+    "rows_in_flight | count | row loads per warp per memory latency (row loads / latencies)",
+    "bytes_in_flight_per_warp | B | bytes those row loads move per warp per latency",
+    "dtype | | table element type of the build",
+    "qparam_loads | count | int8: loads of a row's scale and bias",
+    "atomics | count | global atomics (RED, ATOM) per iteration",
+    "atomic_bits | count | bits one lane's atomics update per iteration",
+)
+
+_PREDICTIONS = _cols(
+    "variant | | the kernel variant",
+    "dtype | | table element type",
+    "dataset | | hotness preset or trace file",
+    "arch | | SM architecture",
+    "gpu | | GPU (hardware.specs key)",
+    "mode | | steady (tables in turn, warm L2) or cold (L2 flushed before each launch)",
+    "constants | | default, calibrated or given model constants",
+    "time_us | us | predicted time of one table launch",
+    "time_us_low | us | fast end of the band",
+    "time_us_high | us | slow end of the band",
+    "speedup_vs_base | x | base's predicted time over this one",
+    "bound | | the term that sets the time: latency, dram, l2, l1, issue (or host link)",
+    "l1_hit_rate_pct | % | predicted L1 hit rate of row requests",
+    "l2_hit_rate_pct | % | predicted L2 hit rate of row requests that reach L2",
+    "l2_hit_rate_all_pct | % | predicted L2 hit rate of every read (rows, indices, offsets)",
+    "dram_bytes | B | predicted DRAM traffic of one launch",
+    "l2_bytes | B | predicted L2 traffic of one launch",
+    "l1_bytes | B | predicted L1 wavefront traffic of one launch",
+    "blocks_per_sm | count | resident blocks per SM (static)",
+    "registers | count | registers per thread (static)",
+    "resident_warps | count | warps resident per SM",
+    "loads_in_flight | count | row loads a warp keeps in flight (SASS)",
+    "latencies_per_lookup | count | memory latencies a warp serializes per lookup (SASS)",
+    "instructions_per_lookup | count | hot-loop instructions per lookup (SASS)",
+    "bytes_per_load | B | bytes one warp-level row load moves",
+    "parallelism | count | resident warps x rows in flight per SM",
+    "bytes_in_flight_per_sm | B | parallelism x bytes per load",
+    "requests | count | warp-level row requests of one launch",
+    "latency_ns | ns | mean load-to-use latency of a row",
+    "index_latency_ns | ns | latency of an index load",
+    "step_ns | ns | time a warp spends per lookup",
+    "waves | count | blocks over the resident blocks of the whole GPU",
+    "latency_us | us | latency term",
+    "dram_us | us | DRAM bandwidth term",
+    "l2_us | us | L2 bandwidth term",
+    "l1_us | us | L1 bandwidth term",
+    "issue_us | us | instruction issue term",
+    "prepass_us | us | the L2 pinning pre-pass, apart from the launch",
+    "pinned_rows | count | hot rows kept in the persisting L2",
+    "cache_ratio | % | cache: C / E (a fraction); uvm: the share of a table GPU memory holds",
+    "cache_rows | count | cache: rows of the GPU cache",
+    "cache_hit_rate_pct | % | cache: hits among a batch's unique rows",
+    "cache_lookup_hit_rate_pct | % | cache: hits among a batch's lookups",
+    "host_bytes | B | bytes crossing the host link per launch",
+    "host_link | | the CPU-GPU link of the host-resident rows",
+    "dedup_us | us | cache: unique ids and map lookups",
+    "transfer_us | us | host-resident rows over the link",
+    "lookup_us | us | the lookup kernel on the GPU-resident rows",
+    "note | | how the row was modelled",
+)
+
+_E2E = _cols(
+    "variant | | the kernel variant of the embedding stage",
+    "dataset | | hotness preset or trace file",
+    "gpu | | GPU (hardware.specs key)",
+    "arch | | SM architecture",
+    "phase | | inference or training",
+    "source | | predicted or measured",
+    "stage | | a stage of the DLRM step (bottom MLP, embedding, interaction, ...)",
+    "time_us | us | time of the stage",
+    "time_us_low | us | fast end of the band",
+    "time_us_high | us | slow end of the band",
+    "embedding_share | % | the embedding stage's share of the step (a fraction)",
+    "speedup_e2e | x | base's step time over this variant's",
+    "speedup_embedding | x | base's embedding stage over this variant's",
+)
+
+_VALIDATION = _cols(
+    "claim | | one of the paper's headline claims (analysis.claims)",
+    "paper | | what the paper says",
+    "model | | what the model predicts for it",
+    "agrees | | whether the model is within the claim's tolerance",
+    "gpu | | GPU the claim is checked on",
+    "constants | | default, calibrated or given model constants",
+)
+
+_LOCALITY = _cols(
+    "dataset | | hotness preset or trace file",
+    "lookups | count | lookups of the analyzed table",
+    "unique_rows | count | distinct rows they read",
+    "rows | count | rows of the table (E)",
+    "row_bytes | B | bytes one lookup reads",
+    "cold_fraction | % | first reads among the lookups (a fraction)",
+    "bytes_touched | B | unique rows x row bytes",
+    "table | count | which table of the dataset was analyzed",
+    "description | | how the trace was made or read",
+    "top_K_coverage | % | share of lookups the K most frequent rows take (a fraction), per K",
+    "reuse_pNN | count | reuse-distance quantiles (distinct rows between two reads of a row)",
+)
+
+_BENCH = _cols(
+    "variant | | the kernel variant",
+    "dataset | | hotness preset or trace file",
+    "status | | ok, or failed with the point's error",
+    "mode | | steady or cold",
+    "per_table_us | us | mean time of one table launch",
+    "ci95_us | us | 95% confidence half-width of the batch time (Student t)",
+)
+
+ARTIFACTS: dict[str, Artifact] = {a.key: a for a in (
+    Artifact("meta", "meta.json", "json", "run", "record",
+             "GPU identity (without UUID), driver, CUDA and ncu versions, clocks, SM count, L2 size, cache and "
+             "clock modes, git revision, the full experiment, the command line, each step's outcome"),
+    Artifact("log", "log.txt", "text", "run", "record", "what happened, one timestamped line per event"),
+    Artifact("static", "static.csv", "csv", "static", "static",
+             "registers, spills and theoretical occupancy per variant x architecture (with the register sweep)",
+             _STATIC),
+    Artifact("sass", "sass.csv", "csv", "static", "static",
+             "each kernel's hot loop read from its SASS: loads by width, spills, rows in flight", _SASS),
+    Artifact("locality", "locality.json", "json", "locality", "trace",
+             "trace statistics per dataset: unique rows, top-K coverage, reuse distances", _LOCALITY),
+    Artifact("predictions", "predictions.csv", "csv", "predict", "predicted",
+             "model predictions per variant x dataset x GPU x mode (x dtype, x cache size), with bands",
+             _PREDICTIONS),
+    Artifact("model_validation", "model_validation.csv", "csv", "predict", "predicted",
+             "the model against the paper's published claims", _VALIDATION),
+    Artifact("e2e", "e2e.csv", "csv", "e2e", "predicted",
+             "the DLRM step around each variant, stage by stage (measured too on a GPU)", _E2E),
+    Artifact("bench", "points/bench/*.json", "json", "bench", "measured",
+             "one file per finished (variant, dataset) point: checks, every repetition, per-table means, clocks, "
+             "throttling, identity; written atomically", _BENCH),
+    Artifact("profile", "points/profile/*.json", "json", "profile", "measured",
+             "one file per profiled point: its report, scoping, collection modes and replay modes"),
+    Artifact("ncu", "ncu/*.ncu-rep", "ncu-rep", "profile", "measured",
+             "the raw Nsight Compute reports (and *.cache.ncu-rep, cache counters under application replay), "
+             "with their logs"),
+    Artifact("gpus", "gpus/*", "folder", "bench", "measured",
+             "with several Slurm GPU types: one complete run directory per type"),
+    Artifact("jobs", "jobs/*", "folder", "bench", "record", "Slurm job scripts and logs (--executor slurm)"),
+    Artifact("report", "report.html", "html", "report", "record", "the self-contained HTML report"),
+    Artifact("lock", ".lock", "text", "run", "record",
+             "held (flock) by the process writing the run, with its pid and command line"),
+)}
+
+
+def artifact(key: str) -> Artifact:
+    """The declared artifact `key` (KeyError names the known ones)."""
+    try:
+        return ARTIFACTS[key]
+    except KeyError:
+        raise KeyError(f"no run-directory artifact {key!r}; known: {', '.join(ARTIFACTS)}") from None
+
+
+def tables() -> list[Artifact]:
+    """The CSV artifacts: the ones with a fixed set of columns."""
+    return [a for a in ARTIFACTS.values() if a.format == "csv"]
+
+
+def markdown_table(artifacts: Iterable[Artifact] | None = None) -> str:
+    """The README's run-directory table: file, written by, numbers, meaning."""
+    lines = ["| file | written by | numbers | what it holds |", "|---|---|---|---|"]
+    for a in artifacts or ARTIFACTS.values():
+        lines.append(f"| `{a.path}` | {a.step} | {a.source} | {a.meaning} |")
+    return "\n".join(lines)
+
+
+def columns(key: str) -> list[dict[str, str]]:
+    """Every column of a run-directory table (`chz.columns("predictions")`) with its unit
+    and meaning, as the notebook shows them."""
+    return [{"column": c.name, "unit": c.unit, "meaning": c.meaning} for c in artifact(key).columns]

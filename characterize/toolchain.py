@@ -1,0 +1,97 @@
+"""Toolchain: where NVIDIA's command-line tools are found (nvcc, cuobjdump, nvdisasm,
+ncu), one search for all of them.
+
+Order, most specific first: a path the caller names (`--ncu PATH`); the tool's own
+environment variable ($CHARACTERIZE_NVCC, ...); PATH; $CUDA_HOME/bin and
+$CUDA_PATH/bin; the newest /opt/nvidia/nsight-compute/*/ (where Nsight Compute installs
+on its own, often newer than a toolkit's); /usr/local/cuda/bin, then the newest
+/usr/local/cuda-*/bin; NVIDIA's PyPI wheels (nvidia/<cuXX>/bin on sys.path). A path named explicitly, or by the
+environment variable, must exist: it is never skipped silently for another tool.
+Callers turn "not found" into their own domain error (ToolchainNotFound, NcuNotFound).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Places:
+    """Where the search looks; the defaults are this machine's (tests point them at
+    temporary folders). An empty `path` or `cuda_home` skips that place."""
+
+    path: str | None = None                       # None: $PATH
+    cuda_home: str | None = None                  # None: $CUDA_HOME and $CUDA_PATH
+    cuda_parent: Path = Path("/usr/local")        # cuda/bin, then the newest cuda-*/bin
+    nsight_root: Path = Path("/opt/nvidia/nsight-compute")  # the newest */
+    wheels: bool = True                           # NVIDIA's pip wheels on sys.path
+
+
+class ToolNamedMissing(Exception):
+    """A tool named explicitly or by its environment variable is not an executable file."""
+
+    def __init__(self, path: Path, where: str) -> None:
+        why = "does not exist" if not path.exists() else "is not an executable file"
+        super().__init__(f"{path} ({where}) {why}")
+        self.path, self.where, self.why = path, where, why
+
+
+def is_executable(path: Path) -> bool:
+    return path.is_file() and os.access(path, os.X_OK)
+
+
+def version_key(name: str) -> tuple[tuple[int, ...], str]:
+    """Numeric version order: '2025.10.0' after '2025.3.1', 'cuda-13.0' after 'cuda-12.4'."""
+    return tuple(int(n) for n in re.findall(r"\d+", name)), name
+
+
+def candidates(name: str, places: Places = Places()) -> list[tuple[Path, str]]:
+    """Every place `name` may be, in order of preference, with a word on where each is
+    (PATH, CUDA_HOME, /usr/local/cuda, pip wheel, ...); not filtered for existence."""
+    out: list[tuple[Path, str]] = []
+    search_path = os.environ.get("PATH", "") if places.path is None else places.path
+    if search_path and (found := shutil.which(name, path=search_path)):
+        out.append((Path(found), "PATH"))
+    homes = [(os.environ.get(v), v) for v in ("CUDA_HOME", "CUDA_PATH")] if places.cuda_home is None \
+        else [(places.cuda_home, "CUDA_HOME")]
+    out += [(Path(h) / "bin" / name, v) for h, v in homes if h]
+    for p in sorted(places.nsight_root.glob(f"*/{name}"), key=lambda p: version_key(p.parent.name), reverse=True):
+        out.append((p, str(p.parent)))
+    parent = places.cuda_parent
+    out.append((parent / "cuda" / "bin" / name, str(parent / "cuda")))
+    for p in sorted(parent.glob(f"cuda-*/bin/{name}"), key=lambda p: version_key(p.parents[1].name), reverse=True):
+        out.append((p, str(p.parents[1])))
+    if places.wheels:
+        for entry in sys.path:
+            root = Path(entry) / "nvidia"
+            if root.is_dir():
+                out += [(p, "pip wheel") for p in sorted(root.glob(f"*/bin/{name}"), reverse=True)]
+    return out
+
+
+def searched(name: str, env_var: str, places: Places = Places()) -> str:
+    """Where `find` looked, for a 'not found' message."""
+    home = "$CUDA_HOME/bin" if places.cuda_home is None else f"{places.cuda_home}/bin"
+    return (f"${env_var}, PATH, {home}, {places.nsight_root}/*/, {places.cuda_parent}/cuda*/bin"
+            + (", NVIDIA's pip wheels" if places.wheels else ""))
+
+
+def find(name: str, env_var: str, explicit: str | Path | None = None,
+         places: Places = Places()) -> tuple[Path, str] | None:
+    """(path, where it was found) of the first executable `name`, or None. A path given
+    explicitly or in $env_var that is not executable raises ToolNamedMissing."""
+    for given, where in ((explicit, "given"), (os.environ.get(env_var) or None, f"${env_var}")):
+        if given is not None:
+            p = Path(given).expanduser()
+            if not is_executable(p):
+                raise ToolNamedMissing(p, where)
+            return p, where.lstrip("$") if where != "given" else "given"
+    for p, where in candidates(name, places):
+        if is_executable(p):
+            return p, where
+    return None
