@@ -1,3 +1,4 @@
+import re
 import shutil
 
 import pytest
@@ -120,3 +121,14 @@ def test_broken_source_is_a_build_error(tmp_path, monkeypatch):
     monkeypatch.setenv("CHARACTERIZE_KERNELS", str(tmp_path / "missing"))
     with pytest.raises(BuildError, match="not found"):
         build(BuildSpec("emulate"))
+
+
+def test_the_cuda_headers_dtype_codes_are_the_dtype_table():
+    """config.DTYPES is the one home of the dtypes; the CUDA header's enum must match it."""
+    from characterize.config import DTYPES
+
+    header = (B.kernels_dir() / "chz_compat.cuh").read_text()
+    enum = re.search(r"enum chz_dtype : int \{([^}]*)\}", header).group(1)
+    codes = {name.strip().removeprefix("CHZ_").lower(): int(code) for name, code in
+             (item.split("=") for item in enum.split(","))}
+    assert codes == {d.name: d.code for d in DTYPES.values()}
