@@ -53,8 +53,8 @@ def test_variant_shape_refusal_named():
 def test_memory_beyond_gpu():
     big = WorkloadConfig(E=50_000_000)  # 12 tables x 25.6 GB
     with pytest.raises(GpuMemoryError, match="GiB"):
-        big.validate(gpu=gpu_spec("h100"))
-    WorkloadConfig().validate(gpu=gpu_spec("h100"))
+        big.validate(gpu=gpu_spec("h100-sxm"))
+    WorkloadConfig().validate(gpu=gpu_spec("h100-sxm"))
 
 
 def test_round_trip_and_unknown_fields():

@@ -12,8 +12,8 @@ def test_normalize_arch(text):
 
 
 def test_unknown_arch():
-    with pytest.raises(ConfigError, match="sm_70"):
-        normalize_arch("sm_70")
+    with pytest.raises(ConfigError, match="sm_75"):
+        normalize_arch("sm_75")
     with pytest.raises(ConfigError):
         normalize_arch("hopper")
 
@@ -31,8 +31,9 @@ def test_table_is_complete():
     for arch in ("sm_80", "sm_86", "sm_89", "sm_90"):
         assert arch in ARCHS and arch in DEFAULT_GPU
     for spec in GPUS.values():
-        assert spec.arch in ARCHS and spec.l2_bytes > spec.max_persisting_l2_bytes > 0 and spec.hbm_GBps > 0
-        assert spec.sources
+        persisting = spec.max_persisting_l2_bytes > 0 or ARCHS[spec.arch].compute_capability < (8, 0)
+        assert spec.arch in ARCHS and spec.l2_bytes > spec.max_persisting_l2_bytes >= 0 and persisting
+        assert spec.hbm_GBps > 0 and spec.sources
 
 
 def test_parse_archs():
@@ -44,3 +45,18 @@ def test_no_gpu_is_reported_clearly():
     assert devices() == []
     with pytest.raises(NoCudaDevice, match="characterize build"):
         require_gpu()
+
+
+@pytest.mark.parametrize("name", ["h100", "H100", "a100", "NVIDIA H100"])
+def test_a_name_that_stands_for_products_of_different_speed_is_asked_not_guessed(name):
+    with pytest.raises(ConfigError, match="ambiguous.*h100-sxm|ambiguous.*a100-80gb"):
+        gpu_spec(name)
+    assert gpu_spec("NVIDIA H100 80GB HBM3").key == "h100-sxm" and gpu_spec("NVIDIA H100 PCIe").key == "h100-pcie"
+
+
+def test_the_gpus_the_public_measurements_ran_on_are_in_the_table():
+    for name, key, sms in (("Tesla V100-SXM2-32GB", "v100", 80), ("NVIDIA L40S", "l40s", 142), ("NVIDIA H20", "h20", 78),
+                           ("NVIDIA H20-3e", "h20-3e", 78)):
+        spec = gpu_spec(name)
+        assert spec.key == key and spec.sm_count == sms and spec.sources
+    assert gpu_spec("v100").max_persisting_l2_bytes == 0   # Volta has no persisting L2

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass, field
+from typing import Iterable
 
 from characterize.errors import ConfigError
 
@@ -47,6 +48,8 @@ class ArchSpec:
 ARCHS: dict[str, ArchSpec] = {
     a.arch: a
     for a in (
+        # Volta: no persisting L2; nvcc 13 no longer builds sm_70, so its predictions read sm_80 code
+        ArchSpec("sm_70", (7, 0), 64, 32, 1024, 65536, 65536, 256, 255, 24, 96 * KiB, 96 * KiB, 0, 256),
         ArchSpec("sm_80", (8, 0), 64, 32, 1024, 65536, 65536, 256, 255, 24, 164 * KiB, 163 * KiB, 1 * KiB, 128),
         ArchSpec("sm_86", (8, 6), 48, 16, 1024, 65536, 65536, 256, 255, 24, 100 * KiB, 99 * KiB, 1 * KiB, 128),
         ArchSpec("sm_89", (8, 9), 48, 24, 1024, 65536, 65536, 256, 255, 24, 100 * KiB, 99 * KiB, 1 * KiB, 128),
@@ -151,6 +154,9 @@ _FAULT_SRC = ("UVM fault service: Allen and Ge, 'In-Depth Analyses of Unified Vi
               "= 256) and one batch costs tens of microseconds on PCIe (30 us assumed)")
 #: the host links of the GPUs in the table, by name
 HOST_LINKS: dict[str, HostLink] = {link.name: link for link in (
+    HostLink("PCIe 3.0 x16", 12.0, 10.0, 30.0,
+             "PCIe 3.0 x16: 15.75 GB/s per direction raw, ~12 GB/s achieved by pinned host-to-device copies (CUDA "
+             "bandwidthTest on V100 PCIe systems: 11-13 GB/s); latency as PCIe 4.0; " + _FAULT_SRC),
     HostLink("PCIe 4.0 x16", 25.0, 10.0, 30.0,
              "PCIe 4.0 x16: 31.5 GB/s per direction raw, ~25 GB/s achieved by pinned host-to-device copies "
              "(CUDA bandwidthTest on A100 systems: 24-26 GB/s); ~10 us per batched cudaMemcpyAsync before bytes "
@@ -199,8 +205,17 @@ def _add(spec: GpuSpec) -> None:
     GPUS[spec.key] = spec
 
 
+_add(GpuSpec("v100", "Tesla V100-SXM2-32GB", "sm_70", 80, 6 * MiB, 0, 32 * GiB,
+             900.0, 2150.0, 1530, 1290, 180.0, 430.0,
+             "NVIDIA Tesla V100 GPU Architecture whitepaper (2017): 80 SMs, 6 MB L2, HBM2 900 GB/s, boost 1530 MHz; "
+             "V100 SXM2 datasheet: 32 GB, FP32 15.7, FP16 tensor 125 TFLOP/s; no persisting L2 (Ampere added it); "
+             "latencies: Jia et al., 'Dissecting the NVIDIA Volta GPU Architecture via Microbenchmarking' (2018): L2 "
+             "hit ~193 cycles, global memory ~375 ns at 1.38 GHz; L2 bandwidth ~2.1 TB/s (the same paper); "
+             "PCIe 3.0 x16 host link (~12 GB/s achieved)", ("sm_70", "tesla-v100", "v100-sxm2"),
+             l1_data_bytes=96 * KiB, l1_latency_ns=21.0, fp32_TFLOPS=15.7, tf32_TFLOPS=15.7, fp16_TFLOPS=125.0,
+             pcie_GBps=12.0, host_link="PCIe 3.0 x16", host_latency_us=10.0))
 _add(GpuSpec("a100-80gb", "NVIDIA A100-SXM4-80GB", "sm_80", 108, 40 * MiB, 30 * MiB, 80 * GiB,
-             2039.0, 5120.0, 1410, 1095, 200.0, 480.0, _A100_SRC, ("a100", "sm_80")))
+             2039.0, 5120.0, 1410, 1095, 200.0, 480.0, _A100_SRC, ("a100-sxm4-80gb", "sm_80")))
 _add(GpuSpec("a100-40gb", "NVIDIA A100-SXM4-40GB", "sm_80", 108, 40 * MiB, 30 * MiB, 40 * GiB,
              1555.0, 5120.0, 1410, 1095, 200.0, 480.0, _A100_SRC, ("a100-sxm4-40gb",)))
 _add(GpuSpec("a100-pcie-40gb", "NVIDIA A100-PCIE-40GB", "sm_80", 108, 40 * MiB, 30 * MiB, 40 * GiB,
@@ -219,8 +234,15 @@ _add(GpuSpec("l4", "NVIDIA L4", "sm_89", 58, 48 * MiB, 36 * MiB, 24 * GiB,
              "NVIDIA L4 datasheet: 58 SMs, 48 MB L2, GDDR6 300 GB/s; persisting L2 75% of L2 (assumed)",
              ("sm_89",), l1_data_bytes=96 * KiB, l1_latency_ns=18.0,
              fp32_TFLOPS=30.3, tf32_TFLOPS=60.0, fp16_TFLOPS=121.0))
+_add(GpuSpec("l40s", "NVIDIA L40S", "sm_89", 142, 96 * MiB, 72 * MiB, 48 * GiB,
+             864.0, 5000.0, 2520, 1110, 230.0, 560.0,
+             "NVIDIA L40S datasheet (2023): 142 SMs (18,176 CUDA cores), 48 GB GDDR6 at 864 GB/s, boost 2520 MHz, FP32 "
+             "91.6, FP16 tensor 362 TFLOP/s dense; NVIDIA Ada Lovelace architecture whitepaper: AD102 with 96 MB L2; "
+             "persisting L2 75% of L2 (assumed); latencies as L4 (the same Ada memory hierarchy); PCIe 4.0 x16",
+             ("ad102",), l1_data_bytes=96 * KiB, l1_latency_ns=18.0,
+             fp32_TFLOPS=91.6, tf32_TFLOPS=183.0, fp16_TFLOPS=362.0))
 _add(GpuSpec("h100-sxm", "NVIDIA H100 80GB HBM3", "sm_90", 132, 50 * MiB, int(37.5 * MiB), 80 * GiB,
-             3350.0, 7500.0, 1980, 1590, 260.0, 480.0, _H100_SRC, ("h100", "sm_90"),
+             3350.0, 7500.0, 1980, 1590, 260.0, 480.0, _H100_SRC, ("h100-sxm5", "sm_90"),
              l1_data_bytes=224 * KiB, l1_latency_ns=20.0,
              fp32_TFLOPS=67.0, tf32_TFLOPS=494.7, fp16_TFLOPS=989.4, pcie_GBps=50.0, host_link="PCIe 5.0 x16"))
 _add(GpuSpec("h100-pcie", "NVIDIA H100 PCIe", "sm_90", 114, 50 * MiB, int(37.5 * MiB), 80 * GiB,
@@ -242,11 +264,31 @@ _add(GpuSpec("h200", "NVIDIA H200", "sm_90", 132, 50 * MiB, int(37.5 * MiB), 141
              l1_data_bytes=224 * KiB, l1_latency_ns=20.0,
              fp32_TFLOPS=67.0, tf32_TFLOPS=494.7, fp16_TFLOPS=989.4, pcie_GBps=50.0, host_link="PCIe 5.0 x16"))
 
+_H20_SRC = ("NVIDIA publishes no datasheet for the H20; the figures are those reported publicly: 78 SMs (Geekbench 6 "
+            "listing reported by Wccftech, 2024), 60 MB L2, 96 GB HBM3 at 4.0 TB/s over a 6144-bit bus, FP32 44, TF32 "
+            "74, FP16 148 TFLOP/s dense (reseller and press specification pages); Hopper latencies as H100; clocks as "
+            "H100 SXM (assumed)")
+_add(GpuSpec("h20", "NVIDIA H20", "sm_90", 78, 60 * MiB, 45 * MiB, 96 * GiB,
+             4000.0, 4400.0, 1980, 1590, 260.0, 480.0, _H20_SRC, (),
+             l1_data_bytes=224 * KiB, l1_latency_ns=20.0,
+             fp32_TFLOPS=44.0, tf32_TFLOPS=74.0, fp16_TFLOPS=148.0, pcie_GBps=50.0, host_link="PCIe 5.0 x16"))
+# the H20 with HBM3e: the same chip with 141 GB at 4.8 TB/s (as reported; no datasheet)
+_add(dataclasses.replace(GPUS["h20"], key="h20-3e", name="NVIDIA H20-3e", memory_bytes=141 * 10**9, hbm_GBps=4800.0,
+                         sources=_H20_SRC + "; H20-3e: 141 GB HBM3e at 4.8 TB/s as reported", aliases=("h20 3e",)))
+
+#: names that stand for several products of different speed: asked for, not guessed
+AMBIGUOUS = {
+    "h100": ("h100-sxm", "h100-pcie", "h100-nvl"),
+    "nvidia h100": ("h100-sxm", "h100-pcie", "h100-nvl"),
+    "a100": ("a100-80gb", "a100-40gb", "a100-pcie-40gb", "a100-pcie-80gb"),
+    "nvidia a100": ("a100-80gb", "a100-40gb", "a100-pcie-40gb", "a100-pcie-80gb"),
+}
+
 #: the paper's GPU (A100): what CPU emulation sizes its L2 after and the claims are checked on
 REFERENCE_ARCH = "sm_80"
 
 #: the representative GPU for each architecture key
-DEFAULT_GPU = {"sm_80": "a100-80gb", "sm_86": "a10", "sm_89": "l4", "sm_90": "h100-sxm"}
+DEFAULT_GPU = {"sm_70": "v100", "sm_80": "a100-80gb", "sm_86": "a10", "sm_89": "l4", "sm_90": "h100-sxm"}
 
 
 def normalize_arch(text: str) -> str:
@@ -254,18 +296,53 @@ def normalize_arch(text: str) -> str:
     t = text.strip().lower()
     m = re.fullmatch(r"(?:sm_?|compute_)?(\d)\.?(\d)", t)
     if not m:
-        raise ConfigError(f"unknown architecture {text!r}: use sm_80, sm_86, sm_89 or sm_90")
+        raise ConfigError(f"unknown architecture {text!r}: use one of {', '.join(ARCHS)}")
     arch = f"sm_{m.group(1)}{m.group(2)}"
     if arch not in ARCHS:
         raise ConfigError(f"architecture {arch} is not in the spec table; known: {', '.join(ARCHS)}")
     return arch
 
 
+def compute_capability(arch: str) -> tuple[int, int]:
+    """(major, minor) of 'sm_XY' or 'sm_XYZ' (sm_100: (10, 0)), known to the table or not."""
+    if arch in ARCHS:
+        return ARCHS[arch].compute_capability
+    m = re.fullmatch(r"sm_(\d+)(\d)a?", arch)
+    if not m:
+        raise ConfigError(f"not an architecture name: {arch!r}")
+    return int(m.group(1)), int(m.group(2))
+
+
+def nearest_arch(available: Iterable[str], arch: str) -> str | None:
+    """The architecture of `available` whose code stands in for `arch` where there is none
+    of its own: itself, else the closest of the same major version (same SM design), else
+    the closest overall; None when `available` is empty."""
+    have = list(dict.fromkeys(available))
+    if arch in have:
+        return arch
+    if not have:
+        return None
+    cc = compute_capability(arch)
+
+    def distance(a: str) -> tuple[int, int]:
+        c = compute_capability(a)
+        return (0 if c[0] == cc[0] else 1, abs((c[0] * 10 + c[1]) - (cc[0] * 10 + cc[1])))
+
+    return min(have, key=distance)
+
+
 def gpu_spec(name: str) -> GpuSpec:
-    """Look up a GPU by table key, alias, architecture or driver name."""
+    """Look up a GPU by table key, alias, architecture or driver name. A name that stands
+    for products of different speed ("H100": SXM, PCIe or NVL move answers by 1.5x) is
+    refused with the choices instead of guessed."""
     t = name.strip().lower()
     if t in GPUS:
         return GPUS[t]
+    if t in AMBIGUOUS:
+        choices = AMBIGUOUS[t]
+        described = "; ".join(f"{k} ({GPUS[k].sm_count} SMs, {GPUS[k].hbm_GBps:,.0f} GB/s)" for k in choices)
+        raise ConfigError(f"GPU {name!r} is ambiguous: it names products that differ in speed; choose one of "
+                          f"{described}")
     for spec in GPUS.values():
         if t in spec.aliases or t == spec.name.lower():
             return spec
@@ -274,10 +351,11 @@ def gpu_spec(name: str) -> GpuSpec:
     except ConfigError:
         pass
     # driver names such as "NVIDIA H100 PCIe" or "NVIDIA A100-PCIE-40GB"
-    for key, pattern in (("h200", "h200"), ("h800", "h800"), ("h100-nvl", r"h100.*nvl"), ("h100-pcie", r"h100.*pcie"),
-                         ("h100-sxm", "h100"), ("a100-pcie-80gb", r"a100.*(80.*pcie|pcie.*80)"),
-                         ("a100-pcie-40gb", r"a100.*pcie"), ("a100-40gb", r"a100.*40"), ("a100-80gb", "a100"),
-                         ("a10", r"\ba10\b"), ("l4", r"\bl4\b")):
+    for key, pattern in (("h200", "h200"), ("h800", "h800"), ("h20-3e", r"h20-?3e"), ("h20", r"\bh20\b"),
+                         ("h100-nvl", r"h100.*nvl"), ("h100-pcie", r"h100.*pcie"), ("h100-sxm", r"h100.*(hbm3|sxm)"),
+                         ("a100-pcie-80gb", r"a100.*(80.*pcie|pcie.*80)"), ("a100-pcie-40gb", r"a100.*pcie"),
+                         ("a100-40gb", r"a100.*40"), ("a100-80gb", r"a100.*(80|sxm)"), ("v100", r"v100"),
+                         ("l40s", r"\bl40s\b"), ("a10", r"\ba10\b"), ("l4", r"\bl4\b")):
         if re.search(pattern, t):
             return GPUS[key]
     known = sorted(set(GPUS) | {a for s in GPUS.values() for a in s.aliases})

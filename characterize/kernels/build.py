@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterable, Iterator
 from characterize import toolchain
 from characterize.config import DTYPES
 from characterize.errors import BuildError, ToolchainNotFound
-from characterize.hardware.specs import REFERENCE_ARCH
+from characterize.hardware.specs import ARCHS, REFERENCE_ARCH, nearest_arch
 from characterize.progress import Progress, Reporter, as_reporter
 
 SOURCE = "embedding_bag.cu"
@@ -96,6 +96,31 @@ def find_nvcc() -> Toolchain:
             "`pip install 'characterize[nvcc]'` (NVIDIA's nvidia-cuda-nvcc wheel, no system toolkit needed) or "
             "install the CUDA toolkit and set CUDA_HOME.")
     return Toolchain(found[0], _nvcc_version(found[0]), found[1])
+
+
+@lru_cache(maxsize=None)
+def nvcc_archs() -> tuple[str, ...]:
+    """The sm_XX this nvcc compiles for (`nvcc --list-gpu-arch`): CUDA 13 no longer builds
+    Volta, older toolkits build what newer ones dropped."""
+    tool = find_nvcc()
+    try:
+        out = subprocess.run([str(tool.path), "--list-gpu-arch"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        raise ToolchainNotFound(f"{tool.path} --list-gpu-arch did not run: {e}") from None
+    return tuple(f"sm_{m}" for m in re.findall(r"compute_(\d+)", out))
+
+
+def buildable_arch(arch: str) -> str:
+    """`arch` when this nvcc builds it, else the known architecture it builds whose code
+    stands in for it (hardware.specs.nearest_arch)."""
+    have = nvcc_archs()
+    if arch in have or not have:
+        return arch
+    known = [a for a in ARCHS if a in have]
+    if not known:
+        raise ToolchainNotFound(f"{find_nvcc().path} builds none of the architectures the toolkit knows "
+                                f"({', '.join(ARCHS)}); it lists {', '.join(have)}")
+    return nearest_arch(known, arch) or known[0]
 
 
 @lru_cache(maxsize=None)
@@ -349,6 +374,11 @@ def build(spec: BuildSpec, *, force: bool = False) -> BuildResult:
         seconds = time.perf_counter() - start
         log = proc.stdout + proc.stderr
         if proc.returncode != 0:
+            if spec.target == "cuda" and spec.arch and "Unsupported gpu architecture" in log:
+                have = nvcc_archs()
+                raise BuildError(f"nvcc {tool.version} ({tool.path}) does not build {spec.arch}; it builds "
+                                 f"{', '.join(have) or 'none it lists'}. Predictions for such a GPU read the code "
+                                 f"of {buildable_arch(spec.arch)} (`characterize predict --arch {spec.arch}`)")
             tail = "\n".join(log.strip().splitlines()[-25:])
             raise BuildError(f"compiling {spec.source} for {spec.label()} failed ({tool.path}):\n{tail}")
         meta = {"command": cmd, "compiler": f"{tool.path} ({tool.version}, from {tool.found_in})",

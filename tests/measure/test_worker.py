@@ -94,7 +94,7 @@ def _l2p_tables(max_persisting: int, T: int = 2):
     from characterize.hardware.specs import gpu_spec
     from characterize.kernels.library import bind
 
-    gpu = dataclasses.replace(gpu_spec("a100"), max_persisting_l2_bytes=max_persisting)
+    gpu = dataclasses.replace(gpu_spec("a100-80gb"), max_persisting_l2_bytes=max_persisting)
     g = torch.Generator().manual_seed(5)
     trace = torch.randint(0, 1009, (400,), generator=g)
     return [bind("l2p", torch.rand(1009, 68, generator=g), trace=trace, params={"K": 97}, backend="emulate", gpu=gpu)
