@@ -47,15 +47,16 @@ distinct indices the row loads of one iteration gather by.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import re
 import subprocess
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import pandas as pd
 
@@ -165,7 +166,7 @@ ATOMICS = frozenset({"RED", "REDG", "ATOM", "ATOMG"})
 
 _LINE = re.compile(r"^\s*/\*([0-9a-fA-F]{4,})\*/\s+(.*?)\s*;")
 _FUNCTION = re.compile(r"^\s*Function\s*:\s*(\S+)")
-_ARCH = re.compile(r"^\s*arch\s*=\s*(sm_\w+)")
+_ARCH = re.compile(r"^\s*(?:arch\s*=|code for)\s*(sm_\w+)")
 _GUARD = re.compile(r"^@(!?)(U?P[0-6T])\s+")
 _REG = re.compile(r"(?<![A-Za-z0-9_])(UR\d+|URZ|UP[0-6]|UPT|R\d+|RZ|P[0-6]|PT)(\.64)?(?![0-9])")
 _TARGET = re.compile(r"(0x[0-9a-fA-F]+)\s*$")
@@ -207,9 +208,12 @@ class Instruction:
 
     @property
     def is_global_load(self) -> bool:
+        """A load from global memory: LDG, a generic LD not on the stack, a global atomic,
+        or an asynchronous copy to shared memory (LDGSTS, cp.async), whose data a later
+        DEPBAR waits for instead of a register."""
         if self.opcode == "LD":  # generic load: global unless it is the stack
             return not any(r == "R1" for r in self.address_regs)
-        return self.opcode in GLOBAL_LOADS
+        return self.opcode in GLOBAL_LOADS or self.opcode == "LDGSTS"
 
     @property
     def is_prefetch(self) -> bool:
@@ -715,14 +719,35 @@ class Replay:
     latencies_per_iteration: float
 
 
-def replay(path: Sequence[Instruction], memory_latency: int = MEMORY_LATENCY, iterations: int = ITERATIONS) -> Replay:
+def _depbar_keep(i: Instruction) -> int:
+    """How many of the newest asynchronous-copy groups a DEPBAR leaves in flight
+    (`DEPBAR.LE SB0, 0x1` waits until at most one is outstanding)."""
+    try:
+        return int(i.operands[-1], 0) if len(i.operands) >= 2 else 0
+    except ValueError:
+        return 0
+
+
+def replay(path: Sequence[Instruction], memory_latency: int = MEMORY_LATENCY, iterations: int = ITERATIONS,
+           load_latency: Mapping[int, int] | None = None, first_full: Iterable[int] = ()) -> Replay:
     """In-order issue of `iterations` back-to-back iterations of the path, registers
-    carried over; figures are means over the second half (steady state)."""
+    carried over; figures are means over the second half (steady state). Asynchronous
+    copies to shared memory (LDGSTS) are committed in groups (LDGDEPBAR) that a DEPBAR
+    waits for: that wait is a memory wait like a register's. `load_latency` gives some
+    global loads (by address) another latency than `memory_latency` (an index stream
+    that mostly hits L1), except their first execution in an iteration for the loads in
+    `first_full` (a task's first index: a line no one has read yet); the waits are still
+    counted in units of `memory_latency`."""
     ready: dict[str, tuple[int, bool]] = {}   # register -> (ready time, written by a global load)
     t_prev = -1
     per_iteration: list[tuple[int, int]] = []
+    open_group: list[int] = []       # completion times of the copies not yet committed
+    groups: list[int] = []           # committed groups, oldest first: when each completes
+    latency_of = load_latency or {}
+    full_first = set(first_full)
     for _ in range(iterations):
         start, stall = t_prev + 1, 0
+        seen: set[int] = set()
         for i in path:
             earliest = t_prev + 1
             other = mem = earliest
@@ -732,10 +757,25 @@ def replay(path: Sequence[Instruction], memory_latency: int = MEMORY_LATENCY, it
                     mem = max(mem, when)
                 else:
                     other = max(other, when)
+            if i.opcode == "DEPBAR":
+                keep = _depbar_keep(i)
+                waited, groups = groups[:max(0, len(groups) - keep)], groups[max(0, len(groups) - keep):]
+                mem = max([mem, *waited])
             t = max(other, mem)
             if mem > other:
                 stall += mem - other
-            lat = _latency(i, memory_latency)
+            if not i.is_global_load:
+                lat = _latency(i, memory_latency)
+            elif i.address in full_first and i.address not in seen:
+                lat = memory_latency
+            else:
+                lat = latency_of.get(i.address, memory_latency)
+            seen.add(i.address)
+            if i.opcode == "LDGSTS":
+                open_group.append(t + lat)
+            elif i.opcode == "LDGDEPBAR" and open_group:
+                groups.append(max(open_group))
+                open_group = []
             for d in i.dests:
                 ready[d] = (t + lat, i.is_global_load)
             t_prev = t
@@ -776,16 +816,84 @@ class LoopRow:
     qparam_loads: int = 0           # int8: gathered loads of a row's scale and bias (not counted as row loads)
     atomics: int = 0                # global atomics (RED, ATOM) on the path per iteration
     atomic_bits: int = 0            # bits one lane's atomics of one iteration update (32 per fp32 RED)
+    row_load_bits: int = 0          # width of one lane's row load (x 32 lanes: the bytes one warp request reads)
+    # the loop nest around the hot loop (loop_nest, nest_latencies): what one task costs at each bag length
+    lanes_per_bag: int = 32         # lanes sharing one bag (a warp holds 32 / lanes_per_bag bags)
+    tile_lookups: int = 0           # a bag's lookups one tile of indices covers (0: no tile loop)
+    bag_latencies: dict[int, float] = field(default_factory=dict)   # L -> row latencies a task waits (nest replay)
+    bag_instructions: dict[int, int] = field(default_factory=dict)  # L -> instructions per task
+    nest_rows_in_flight: float | None = None  # row loads per latency over the whole nest at REFERENCE_L
+    spills_in_nest: int = 0         # LDL/STL anywhere in the nest's task path at REFERENCE_L
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["load_bits"] = dict(sorted(self.load_bits.items()))
         return out
 
+    def latencies_at(self, L: float) -> float | None:
+        """Memory latencies per task for bags of L lookups, interpolated between the
+        replayed lengths and extrapolated past the last with the last slope."""
+        return interpolate(self.bag_latencies, L)
 
-#: widths of the loads of an int8 row's scale and bias: one each (base, rpf) or both at once (warp);
-#: the values are loaded 8 bits (base, rpf) or 128 bits (warp) wide, so widths tell them apart
+
+def interpolate(samples: Mapping[Any, float], L: float) -> float | None:
+    """A per-task figure at bag length L from figures at NEST_L (keys may be strings, as
+    read back from JSON): linear between them, the last slope beyond."""
+    pts = sorted((float(k), float(v)) for k, v in samples.items()) if samples else []
+    if not pts:
+        return None
+    if L <= pts[0][0]:
+        return pts[0][1] * max(L, 0.0) / pts[0][0] if pts[0][0] > 0 else pts[0][1]
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        if L <= x1:
+            return y0 + (y1 - y0) * (L - x0) / (x1 - x0)
+    (x0, y0), (x1, y1) = pts[-2], pts[-1]
+    return y1 + (y1 - y0) / (x1 - x0) * (L - x1)
+
+
+#: widths of the loads of an int8 row's scale and bias when their consumers do not tell (a fallback):
+#: one each (base, rpf) or both at once (warp)
 QPARAM_LOAD_BITS = {"int8": frozenset({32, 64}), "int8h": frozenset({16, 32})}
+#: instructions that decode packed integer row values (int8 bytes into floats)
+INT_DECODE = frozenset({"I2F", "I2FP", "PRMT", "LOP3", "SHF", "I2I", "BFE", "IMAD", "IADD3", "SGXT", "LEA"})
+#: floating-point arithmetic: where a row's scale and bias, or float row values, go
+FLOAT_MATH = frozenset({"FADD", "FFMA", "FMUL", "HADD2", "HFMA2", "HMUL2", "F2F", "FMNMX", "HMNMX2", "FSETP",
+                        "FSEL"})
+
+
+def first_reader(path: Sequence[Instruction], k: int) -> Instruction | None:
+    """The first instruction after path[k] (wrapping around the loop) that reads one of
+    its results."""
+    dests = set(path[k].dests)
+    if not dests:
+        return None
+    n = len(path)
+    for step in range(1, n + 1):
+        i = path[(k + step) % n]
+        if dests & set(i.srcs):
+            return i
+        if dests & set(i.dests):   # overwritten before anyone read it
+            return None
+    return None
+
+
+def qparam_loads(path: Sequence[Instruction], row_loads: frozenset[int], dtype: str) -> set[int]:
+    """The gathers of int8 rows' scales and biases, told from the rows' values by what
+    reads them: values are decoded by integer instructions (I2F, PRMT, LOP3...), a scale
+    or a bias goes straight into float arithmetic. Where the readers do not tell (a
+    path without both kinds), the widths do (QPARAM_LOAD_BITS)."""
+    if dtype not in QPARAM_LOAD_BITS:
+        return set()
+    kinds: dict[int, str] = {}
+    for k, i in enumerate(path):
+        if i.address in row_loads and i.dests:
+            reader = first_reader(path, k)
+            op = reader.opcode if reader is not None else ""
+            kinds[i.address] = "value" if op in INT_DECODE else "qparam" if op in FLOAT_MATH else "?"
+    if "value" in kinds.values() and "qparam" in kinds.values():
+        return {a for a, kind in kinds.items() if kind == "qparam"}
+    bits = QPARAM_LOAD_BITS[dtype]
+    return {i.address for i in path if i.address in row_loads and i.width_bits in bits}
 
 
 def _atomic_bits(i: Instruction) -> int:
@@ -816,8 +924,7 @@ def analyze_loop(loop: Loop, *, variant: str = "", arch: str = "", role: str = "
     for i in path:
         if i.opcode == "CCTL":
             prefetches[i.mnemonic] = prefetches.get(i.mnemonic, 0) + 1
-    qbits = QPARAM_LOAD_BITS.get(dtype, frozenset())
-    qparams = {i.address for i in path if i.address in cls.row_loads and i.width_bits in qbits}
+    qparams = qparam_loads(path, cls.row_loads, dtype)
     row_loads = cls.row_loads - qparams
     rows = len(row_loads)
     row_bits = sum(i.width_bits for i in path if i.address in row_loads)
@@ -842,12 +949,27 @@ def analyze_loop(loop: Loop, *, variant: str = "", arch: str = "", role: str = "
         rows_in_flight=None if in_flight is None else round(in_flight, 2),
         bytes_in_flight_per_warp=None if bytes_in_flight is None else round(bytes_in_flight, 1), dtype=dtype,
         qparam_loads=len(qparams), atomics=sum(1 for i in path if i.opcode in ATOMICS),
+        row_load_bits=max((i.width_bits for i in path if i.address in row_loads), default=0),
         atomic_bits=sum(_atomic_bits(i) for i in path if i.opcode in ATOMICS))
+
+
+def accumulates(path: Sequence[Instruction], row_loads: Iterable[int]) -> bool:
+    """Whether the loop adds up what it gathers (a pooled sum: float math or an int8
+    decode reads the rows), rather than copying rows to memory (a sequence lookup)."""
+    rows = set(row_loads)
+    for k, i in enumerate(path):
+        if i.address in rows:
+            reader = first_reader(path, k)
+            if reader is not None and (reader.opcode in FLOAT_MATH or reader.opcode in INT_DECODE):
+                return True
+    return any(i.opcode == "LDGSTS" for i in path if i.address in rows)  # staged in shared memory, added there
 
 
 def hot_loop(code: KernelCode) -> Loop | None:
     """The innermost loop gathering the most rows (row loads + prefetches) per
-    iteration; ties: the shorter steady-state path, then the lower address."""
+    iteration, among the loops that add what they gather when there are any (a kernel
+    with a pooled path and a copy path is judged by the pooled one); ties: the shorter
+    steady-state path, then the lower address."""
     best, best_key = None, None
     for loop in find_loops(code):
         if not loop.innermost:
@@ -856,16 +978,338 @@ def hot_loop(code: KernelCode) -> Loop | None:
         gathers = len(cls.row_loads) + len(cls.prefetches) + len(cls.scatters)
         if gathers == 0:
             continue
-        key = (-gathers, len(loop.path), loop.header)
+        pooled = accumulates(loop.path, cls.row_loads) or bool(cls.prefetches) or bool(cls.scatters)
+        key = (not pooled, -gathers, len(loop.path), loop.header)
         if best_key is None or key < best_key:
             best, best_key = loop, key
     return best
 
 
-def analyze_kernel(code: KernelCode, **kw: Any) -> LoopRow | None:
-    """The hot loop of one kernel, analyzed (None when no loop gathers anything)."""
+# ------------------------------------------------------------------ loop nests
+#: bag lengths at which the loop nest is replayed: the model interpolates between them
+#: and extrapolates past the last with the slope of the last two
+NEST_L = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+#: the bag length rows in flight over the nest are quoted at (the paper's L)
+REFERENCE_L = 150
+#: latency of an index or offset load on a lane-uniform stream relative to a row's: one load
+#: in 16 opens a new 128-byte line of 8-byte indices (a DRAM or L2 latency), the others hit L1
+#: (~35 of ~600 cycles): (1 + 15 x 0.06) / 16 ~ 0.1
+INDEX_LATENCY_RATIO = 0.1
+
+
+@dataclass(frozen=True)
+class Nest:
+    """The loops one lookup kernel runs a bag through: the hot loop, the loop that
+    loads a tile of indices for it (if any: its index loads feed the hot loop's gathers
+    through registers or shuffles), and the outermost loop around them (the loop over
+    bags or (bag, chunk) tasks; None when the kernel body runs one task)."""
+
+    hot: Loop
+    tile: Loop | None
+    root: Loop | None
+    lanes_per_bag: int        # lanes that share one bag (32 for a warp or a thread per feature)
+    tile_lookups: int         # lookups of one bag whose indices one tile loads (0: no tile loop)
+    hot_lookups: int          # lookups of one bag one hot iteration gathers
+    row_mnemonics: frozenset[str]  # how the hot loop gathers rows (its remainder code elsewhere does alike)
+    load_mnemonics: frozenset[str] = frozenset()  # every global load of the hot loop (to tell its remainder)
+    tile_loads: frozenset[int] = frozenset()      # the tile loop's index loads (each lane a different index)
+
+
+def _forest(code: KernelCode) -> tuple[dict[int, Block], dict[int, Loop], dict[int, int | None]]:
+    """Blocks, loops by header, and each loop's enclosing loop (None: outermost)."""
+    blocks = _blocks(code)
+    loops = {lp.header: lp for lp in find_loops(code)}
+    parent: dict[int, int | None] = {}
+    for h, lp in loops.items():
+        outer = [o for o in loops.values() if o.header != h and h in o.blocks and lp.blocks <= o.blocks]
+        parent[h] = min(outer, key=lambda o: len(o.blocks)).header if outer else None
+    return blocks, loops, parent
+
+
+def _feeding_loads(path: Sequence[Instruction], targets: Iterable[int], depth: int = 24,
+                   values: bool = False) -> set[int]:
+    """The global loads nearest upstream of the address registers of `targets` (or of
+    all their sources, `values`), through arithmetic and shuffles, wrapping around once:
+    which loads the targets gather by."""
+    n = len(path)
+    pos = {i.address: k for k, i in enumerate(path)}
+    found: set[int] = set()
+
+    def writers(k: int, regs: Iterable[str]) -> list[int]:
+        out = []
+        for r in regs:
+            for step in range(1, n + 1):
+                j = (k - step) % n
+                if r in path[j].dests:
+                    out.append(j)
+                    break
+        return out
+
+    for t in targets:
+        if t not in pos:
+            continue
+        k = pos[t]
+        frontier, seen = writers(k, path[k].srcs if values else path[k].address_regs), set()
+        for _ in range(depth):
+            nxt = []
+            for j in frontier:
+                if j in seen:
+                    continue
+                seen.add(j)
+                if path[j].is_global_load:
+                    found.add(path[j].address)
+                else:
+                    nxt += writers(j, [r for r in path[j].srcs if r not in ("PT",)])
+            frontier = nxt
+            if not frontier:
+                break
+    return found
+
+
+def _lanes_per_bag(path: Sequence[Instruction]) -> int:
+    """Lanes sharing one bag, from the segment of the hot loop's shuffles (SHFL.IDX's
+    last operand packs 32 - segment width above its lane mask: 0x1f is the whole warp,
+    0x181f segments of 8 lanes); 32 without shuffles."""
+    widths = []
+    for i in path:
+        if i.opcode == "SHFL" and i.operands:
+            try:
+                c = int(i.operands[-1], 0)
+            except ValueError:
+                continue
+            widths.append(32 - ((c >> 8) & 0x1f))
+    return min(widths) if widths else 32
+
+
+def loop_nest(code: KernelCode, hot: Loop | None = None) -> Nest | None:
+    """The nest around a kernel's hot loop (None when it has none)."""
+    hot = hot or hot_loop(code)
+    if hot is None:
+        return None
+    blocks, loops, parent = _forest(code)
+    cls = classify(hot.path)
+    lanes = _lanes_per_bag(hot.path)
+    chain = [hot.header]
+    while parent.get(chain[-1]) is not None:
+        chain.append(parent[chain[-1]])
+    tile, tile_lookups, tile_loads = None, 0, []
+    shuffles = [i.address for i in hot.path if i.opcode == "SHFL"]
+    if len(chain) > 1 and shuffles:
+        # a tile: each lane loads indices in the enclosing loop, the hot loop broadcasts them
+        p = loops[chain[1]]
+        own = _walk_once(blocks, loops, parent, p, {hot.header: [*hot.path]})
+        fed = _feeding_loads(own, shuffles, values=True)
+        inside_hot = {i.address for i in hot.path}
+        tile_loads = [i for i in own if i.address in fed and i.address not in inside_hot]
+        if tile_loads:
+            tile = p
+            tile_lookups = lanes * sum(max(1, i.width_bits // 64) for i in tile_loads)
+    root = loops[chain[-1]] if len(chain) > 1 else None
+    rows = frozenset(i.mnemonic for i in hot.path if i.address in cls.row_loads)
+    loads = frozenset(i.mnemonic for i in hot.path if i.is_global_load)
+    return Nest(hot, tile, root, lanes, tile_lookups, max(1, cls.lookups), rows, loads,
+                frozenset(i.address for i in tile_loads) if tile is not None else frozenset())
+
+
+def _choose(blocks: dict[int, Block], block: Block, inside: list[int], avoid: frozenset[str]) -> int:
+    """The successor a steady execution takes: the fall-through, unless it only fails
+    an assertion, or (once the hot loop ran) it is remainder code gathering like the hot
+    loop while the other way does not."""
+    fall = block.fallthrough if block.fallthrough in inside else inside[0]
+    other = next((b for b in inside if b != fall), fall)
+    if _cold(blocks[fall]) and not _cold(blocks[other]):
+        return other
+    if avoid:
+        def gathers(b: int) -> bool:
+            return any(i.mnemonic in avoid for i in blocks[b].instructions)
+        if gathers(fall) and not gathers(other):
+            return other
+    return fall
+
+
+def _exit_of(blocks: dict[int, Block], loop: Loop, region: frozenset[int] | None) -> int | None:
+    """Where execution continues after `loop`: its latch's fall-through, else its first
+    successor outside it (inside `region`)."""
+    outside = []
+    for latch_addr in loop.latches:
+        blk = next((b for b in loop.blocks if latch_addr in {i.address for i in blocks[b].instructions}), None)
+        if blk is not None:
+            f = blocks[blk].fallthrough
+            if f is not None and f not in loop.blocks:
+                outside.append(f)
+    for b in sorted(loop.blocks):
+        outside += [s for s in blocks[b].successors if s not in loop.blocks]
+    outside = [b for b in outside if region is None or b in region]
+    return outside[0] if outside else None
+
+
+def _walk_once(blocks: dict[int, Block], loops: dict[int, Loop], parent: dict[int, int | None], loop: Loop | None,
+               expand: "dict[int, list[Instruction]] | Callable[[Loop], list[Instruction] | None]",
+               avoid: frozenset[str] = frozenset(), start: int | None = None,
+               after: frozenset[int] = frozenset()) -> list[Instruction]:
+    """One iteration of `loop` (the kernel body when None) along its steady path, each
+    child loop met replaced by what `expand` gives for it (a dict by header, or a
+    function called in path order; None or a missing entry: its own steady path once).
+    A branch is taken towards a child loop in `after` (the loops around the hot loop)
+    while it is still ahead; once it has run, remainder code that loads like `avoid` is
+    passed by where the branch allows."""
+    region = loop.blocks if loop is not None else None
+    header = loop.header if loop is not None else None
+    b = header if header is not None else (start if start is not None else min(blocks))
+    path: list[Instruction] = []
+    seen: set[int] = set()
+    avoiding: frozenset[str] = frozenset()
+    while b is not None and b not in seen and (region is None or b in region):
+        if b != header and b in loops and parent.get(b) == header:   # a child loop
+            child = loops[b]
+            body = expand(child) if callable(expand) else expand.get(b)
+            path += child.path if body is None else body
+            seen |= child.blocks
+            if b in after:
+                avoiding = avoid
+            b = _exit_of(blocks, child, region)
+            continue
+        seen.add(b)
+        block = blocks[b]
+        path += block.instructions
+        if header is not None and header in block.successors:
+            break
+        inside = [s for s in block.successors if (region is None or s in region) and s not in seen]
+        if not inside:
+            break
+        if len(inside) > 1 and not avoiding:
+            ahead = [t for t in after if t != header and t not in seen and (region is None or t in region)]
+            toward = [s for s in inside if any(_reaches(blocks, s, t, region, header) for t in ahead)]
+            if len(toward) == 1:
+                b = toward[0]
+                continue
+        b = inside[0] if len(inside) == 1 else _choose(blocks, block, inside, avoiding)
+    return path
+
+
+def _reaches(blocks: dict[int, Block], source: int, target: int, region: frozenset[int] | None,
+             header: int | None) -> bool:
+    """Whether `target` can be reached from `source` inside `region` without passing
+    through `header` (without going round the loop again)."""
+    stack, seen = [source], {header}
+    while stack:
+        b = stack.pop()
+        if b == target:
+            return True
+        if b in seen or (region is not None and b not in region):
+            continue
+        seen.add(b)
+        stack += blocks[b].successors
+    return False
+
+
+def nest_latencies(code: KernelCode, nest: Nest, L: int, memory_latency: int = MEMORY_LATENCY
+                   ) -> tuple[float, int]:
+    """(memory latencies a warp serializes, instructions it issues) for one task of the
+    nest (one bag per lane group: a warp's 32 / lanes_per_bag bags, or a (bag, chunk)
+    for a thread-per-feature kernel) with bags of L lookups: the root's steady path with
+    the tile loop run once per tile of the bag (the last one partial), the hot loop as
+    many times as the lookups need (a fraction of an iteration counted as that fraction
+    of its latencies), loops that only stream the bag's indices (a bounds check, with its
+    unrolled remainder loops) as many times as the indices they have left, and the
+    remainder code of the unrolled hot loop passed where a path around it exists. Rows
+    and tile index loads take the memory latency; every other load (a lane-uniform index
+    or offset stream, 8 bytes a step through 128-byte lines) takes INDEX_LATENCY_RATIO of
+    it, since most of them hit L1: the waits are in units of a row's latency."""
+    blocks, loops, parent = _forest(code)
+    hot = nest.hot
+    tile = nest.tile_lookups
+    chunks = ([tile] * (L // tile) + ([L % tile] if L % tile else [])) if tile else [L]
+    chunks = chunks or [0]
+    fractions = [c / nest.hot_lookups - int(c / nest.hot_lookups) for c in chunks]
+    ancestors = {hot.header}
+    q = hot.header
+    while parent.get(q) is not None:
+        q = parent[q]
+        ancestors.add(q)
+    after = frozenset(ancestors)
+    streamed = {"left": L}
+
+    def child(lp: Loop, chunk: int) -> list[Instruction] | None:
+        if lp.header == hot.header:
+            return [*hot.path] * int(chunk / nest.hot_lookups)
+        if nest.tile is not None and lp.header == nest.tile.header:
+            body: list[Instruction] = []
+            for c in chunks:
+                body += _walk_once(blocks, loops, parent, lp, lambda x, c=c: child(x, c), nest.load_mnemonics,
+                                   after=after)
+            return body
+        inner = _walk_once(blocks, loops, parent, lp, lambda x: child(x, chunk), nest.load_mnemonics, after=after)
+        loads = [i for i in lp.path if i.is_global_load]
+        if lp.header not in ancestors and loads and not classify(lp.path).row_loads:
+            trips = streamed["left"] // len(loads)       # streams the bag's indices (a bounds check)
+            streamed["left"] -= trips * len(loads)
+            return inner * trips
+        return inner
+
+    root = nest.root
+    start = None if root is not None else code.instructions[0].address
+    task = _walk_once(blocks, loops, parent, root, lambda x: child(x, chunks[0] if tile else L), nest.load_mnemonics,
+                      start=start, after=after)
+    short = max(1, int(round(memory_latency * INDEX_LATENCY_RATIO)))
+    latency = {i.address: short for i in task if i.is_global_load and i.mnemonic not in nest.row_mnemonics
+               and i.address not in nest.tile_loads}
+    # a task's first index (and offset) loads open lines no one has read yet: a whole latency
+    firsts = _first_index_loads(task, latency)
+    rep = replay(task, memory_latency, iterations=2, load_latency=latency, first_full=firsts)
+    hot_rep = replay(hot.path, memory_latency, load_latency=latency)
+    extra = sum(fractions) * hot_rep.latencies_per_iteration
+    return rep.latencies_per_iteration + extra, len(task) + int(round(sum(fractions) * len(hot.path)))
+
+
+def _first_index_loads(task: Sequence[Instruction], short: Mapping[int, int]) -> set[int]:
+    """The short-latency loads of a task that load its bag's first indices: the first
+    short load met on the path, and the first one inside each loop that streams them
+    (the first instruction of each distinct load site until one repeats)."""
+    out: set[int] = set()
+    seen: set[int] = set()
+    for i in task:
+        if i.address in short:
+            if i.address in seen:
+                break
+            seen.add(i.address)
+            out.add(i.address)
+    return out
+
+
+def analyze_kernel(code: KernelCode, *, nest: bool = True, **kw: Any) -> LoopRow | None:
+    """The hot loop of one kernel, analyzed, with its loop nest replayed at every bag
+    length of NEST_L (None when no loop gathers anything). `nest=False` skips the nest
+    (an L2 pre-pass, a training kernel: no bag to walk)."""
     loop = hot_loop(code)
-    return analyze_loop(loop, **kw) if loop is not None else None
+    if loop is None:
+        return None
+    row = analyze_loop(loop, **kw)
+    if not nest or not row.row_loads:
+        return row
+    n = loop_nest(code, loop)
+    if n is None:
+        return row
+    memory_latency = kw.get("memory_latency", MEMORY_LATENCY)
+    lat, ins = {}, {}
+    for L in NEST_L:
+        total, ins[L] = nest_latencies(code, n, L, memory_latency)
+        lat[L] = round(total, 3)
+    ref_lat, _ = nest_latencies(code, n, REFERENCE_L, memory_latency)
+    loads_per_lookup = row.row_loads / max(1, row.lookups_per_iteration)
+    bags = 32 // max(1, n.lanes_per_bag)
+    in_flight = REFERENCE_L * bags * loads_per_lookup / ref_lat if ref_lat > 0 else None
+    spills = _nest_spills(code, n)
+    return dataclasses.replace(row, lanes_per_bag=n.lanes_per_bag, tile_lookups=n.tile_lookups, bag_latencies=lat,
+                               bag_instructions=ins, spills_in_nest=spills,
+                               nest_rows_in_flight=None if in_flight is None else round(in_flight, 2))
+
+
+def _nest_spills(code: KernelCode, nest: Nest) -> int:
+    """LDL/STL inside the loops of the nest (the root's blocks, or the hot loop's)."""
+    region = nest.root.blocks if nest.root is not None else nest.hot.blocks
+    blocks = _blocks(code)
+    return sum(1 for b in region for i in blocks[b].instructions if i.opcode in LOCAL_MEMORY)
 
 
 def kernel_code(result: BuildResult, kernel: str) -> KernelCode:

@@ -374,7 +374,7 @@ def training_sass(kernels: Iterable[str] | None = None, archs: Iterable[str] = D
         kernels_in(result.library)
         for k in chosen:
             name = k.kernel_name(D)
-            row = analyze_kernel(kernel_code(result, name), variant=k.name, arch=a, role=k.role,
+            row = analyze_kernel(kernel_code(result, name), nest=False, variant=k.name, arch=a, role=k.role,
                                  registers=result.resources(name).registers, memory_latency=memory_latency,
                                  dtype=dtype)
             if row is None:

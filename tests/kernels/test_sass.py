@@ -13,10 +13,12 @@ from characterize.errors import ToolchainNotFound
 from characterize.kernels import sass as S
 from characterize.kernels.build import BuildSpec, build, find_nvcc
 from characterize.kernels.sass import (
+    NEST_L,
     analyze_kernel,
     find_cuobjdump,
     find_loops,
     instruction_frame,
+    interpolate,
     kernels_in,
     parse_instruction,
     parse_sass,
@@ -172,6 +174,38 @@ def test_every_dtype_keeps_its_rows_in_flight(precision, arch, dtype):
     warp = pick(rows, "warp", arch, "chz_warp_kernel<1, 8>")
     assert warp.rows_in_flight >= 6 and warp.local_mem_ops == 0, warp
     assert warp.load_bits.get(128) == 8 and warp.shuffles > 0
+
+
+# ------------------------------------------------------------ the whole loop nest
+@needs_tools
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_loop_nest_counts_what_the_hot_loop_leaves_out(family, arch):
+    """Over a whole bag the warp kernel also waits for each tile's index load, the bag's
+    offsets and its output store: fewer rows in flight than its inner loop's 8 (about 6 at
+    L=150 on sm_80), while base, whose every lookup waits anyway, stays near one."""
+    warp = pick(family, "warp", arch, "chz_warp_kernel<1, 8>")
+    assert 5.0 <= warp.nest_rows_in_flight < warp.rows_in_flight, warp
+    base = pick(family, "base", arch, "chz_base_kernel<false>")
+    assert 0.8 <= base.nest_rows_in_flight <= 1.3, base
+    rpf = pick(family, "rpf", arch, "chz_rpf_kernel<2>")
+    assert 1.5 <= rpf.nest_rows_in_flight <= 2.6, rpf
+    for r in (warp, base, rpf):
+        lat = [r.bag_latencies[L] for L in NEST_L]
+        assert all(b > a for a, b in zip(lat, lat[1:])), r.variant   # a longer bag waits longer
+        ins = [r.bag_instructions[L] for L in NEST_L]
+        assert all(b > a for a, b in zip(ins, ins[1:])), r.variant
+    # rpf at its default cap of 48 spills around its inner loop (per bag), never inside it
+    assert base.spills_in_nest == warp.spills_in_nest == 0 and rpf.local_mem_ops == 0
+    # a bag of one lookup still pays the bag's fixed waits: more than one latency
+    assert base.bag_latencies[1] > 1.0 and warp.bag_latencies[1] > 1.0
+
+
+def test_bag_figures_interpolate_between_the_sampled_lengths():
+    samples = {1: 2.0, 2: 3.0, 4: 5.0, 8: 9.0}
+    assert interpolate(samples, 3) == pytest.approx(4.0)
+    assert interpolate(samples, 16) == pytest.approx(17.0)     # the last slope beyond
+    assert interpolate(samples, 0.5) == pytest.approx(1.0)     # proportional below the first
+    assert interpolate({}, 3) is None
 
 
 @needs_tools
