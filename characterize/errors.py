@@ -111,3 +111,10 @@ class CheckMismatch(CharacterizeError):
     point is recorded as failed with its maximum error, and neither timed nor profiled."""
 
     exit_code = 11
+
+
+class BinaryError(CharacterizeError):
+    """A CUDA binary cannot be analyzed as asked: no such file, no device code for the
+    architecture, no function matching the pattern, or no lookup loop in the ones read."""
+
+    exit_code = 12

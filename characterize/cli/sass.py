@@ -34,18 +34,29 @@ def _counts(counts: dict[Any, int], suffix: str = "") -> str:
 @click.option("--training", is_flag=True,
               help="the training step's kernels instead (backward and fused optimizer: cuda-atomic, cuda-sorted, "
                    "cuda-fused-*), with their registers, spills and occupancy")
+@click.option("--binary", "binary", default=None, metavar="PATH",
+              help="analyze any CUDA binary instead of our variants: a shared library (libtorch_cuda.so, FBGEMM's "
+                   "extension, yours), an executable, a cubin or a fatbin")
+@click.option("--kernel", "kernel", default=".", show_default=True, metavar="REGEX",
+              help="with --binary: the functions whose demangled name matches this regular expression")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 def sass(archs: str, variants: str | None, D: int, params: tuple[str, ...], dtype: str, training: bool,
-         as_json: bool) -> None:
+         binary: str | None, kernel: str, as_json: bool) -> None:
     """Disassemble each variant's hot loop: loads by kind and width, spills, shuffles,
-    L2 prefetches and the rows each warp keeps in flight (in-order replay)."""
+    L2 prefetches and the rows each warp keeps in flight (in-order replay), in the hot
+    loop and over the whole loop nest (tile index loads and per-bag work counted).
+    With --binary, the same for the matching functions of any CUDA binary."""
     from characterize.hardware.specs import parse_archs
     from characterize.kernels.build import reported_builds
-    from characterize.kernels.sass import MEMORY_LATENCY, find_cuobjdump
+    from characterize.kernels.sass import MEMORY_LATENCY, REFERENCE_L, find_cuobjdump
     from characterize.kernels.static import analyze_variants
 
-    arch_list = parse_archs(archs)
     start = time.perf_counter()
+    if binary is not None:
+        _binary(binary, kernel, archs, dtype, as_json)
+        echo_err(f"done in {time.perf_counter() - start:.1f} s")
+        return
+    arch_list = parse_archs(archs)
     if training:
         _training(arch_list, csv_list(variants), D, dtype, as_json)
         return
@@ -66,10 +77,62 @@ def sass(archs: str, variants: str | None, D: int, params: tuple[str, ...], dtyp
         table.append(d)
     print_rows(table, ["variant", "dtype", "arch", "maxrregcount", "role", "kernel", "loop", "registers", "instructions",
                        "lookups_per_iteration", "row_loads", "index_loads", "load_bits", "local_mem_ops", "shuffles",
-                       "prefetches", "latencies_per_iteration", "rows_in_flight", "bytes_in_flight_per_warp"])
+                       "prefetches", "latencies_per_iteration", "rows_in_flight", "nest_rows_in_flight",
+                       "bytes_in_flight_per_warp"])
     click.echo(f"\nrows in flight per warp = row loads / memory latencies serialized per iteration "
-               f"(in-order replay, {MEMORY_LATENCY}-cycle global loads); local_mem_ops are spills inside the loop")
+               f"(in-order replay, {MEMORY_LATENCY}-cycle global loads); nest_rows_in_flight: the same over the whole "
+               f"loop nest for bags of {REFERENCE_L} lookups (index tiles, per-bag loads and bounds checks counted); "
+               "local_mem_ops are spills inside the loop")
     echo_err(f"done in {time.perf_counter() - start:.1f} s")
+
+
+def _sm(text: str) -> list[str]:
+    """'sm_80,90,sm_90a' -> ['sm_80', 'sm_90', 'sm_90a']: any architecture a binary may hold."""
+    import re
+
+    from characterize.errors import ConfigError
+
+    out = []
+    for part in (p.strip().lower() for p in text.split(",") if p.strip()):
+        m = re.fullmatch(r"(?:sm_?|compute_)?(\d{2,3}[a-z]?)", part.replace(".", ""))
+        if not m:
+            raise ConfigError(f"unknown architecture {part!r}: use sm_80, sm_90, sm_90a, sm_100 ...")
+        out.append(f"sm_{m.group(1)}")
+    if not out:
+        raise ConfigError("no architecture given")
+    return list(dict.fromkeys(out))
+
+
+def _binary(path: str, kernel: str, archs: str, dtype: str, as_json: bool) -> None:
+    """`sass --binary`: every matching function of any CUDA binary, per architecture."""
+    from characterize.kernels.binary import analyze_binary
+    from characterize.kernels.sass import REFERENCE_L, interpolate
+
+    rows = analyze_binary(path, kernel, _sm(archs), dtype=dtype)
+    if as_json:
+        click.echo(json.dumps([r.to_dict() for r in rows], indent=2, default=str))
+        return
+    table = []
+    for r in rows:
+        d = {"arch": r.asked_arch, "code": r.kernel.arch, "kernel": r.kernel.name.split("(")[0][:70],
+             "registers": r.kernel.registers, "local_bytes": r.kernel.local, "shared_mem": r.kernel.shared}
+        if r.loop is not None:
+            lp = r.loop
+            per_lookup = interpolate(lp.bag_latencies, REFERENCE_L)
+            bags = 32 // max(1, lp.lanes_per_bag)
+            ins = interpolate(lp.bag_instructions, REFERENCE_L)
+            d.update(loads=_counts(lp.load_bits, "b"), row_loads=lp.row_loads, index_loads=lp.index_loads,
+                     spills_in_loop=lp.local_mem_ops, lanes_per_bag=lp.lanes_per_bag,
+                     rows_in_flight=lp.rows_in_flight, nest_rows_in_flight=lp.nest_rows_in_flight,
+                     latencies_per_lookup=per_lookup / (REFERENCE_L * bags) if per_lookup else None,
+                     instructions_per_lookup=ins / (REFERENCE_L * bags) if ins else None)
+        table.append(d)
+    print_rows(table, ["arch", "code", "kernel", "registers", "local_bytes", "shared_mem", "loads", "row_loads",
+                       "index_loads", "spills_in_loop", "lanes_per_bag", "rows_in_flight", "nest_rows_in_flight",
+                       "latencies_per_lookup", "instructions_per_lookup"])
+    click.echo(f"\n{rows[0].binary} (sha256 {rows[0].sha256[:16]}...): rows in flight per warp in the hot loop and "
+               f"over the whole loop nest at bags of {REFERENCE_L}; per-lookup figures over the nest; functions "
+               "without a lookup loop have empty columns")
 
 
 def _training(archs: list[str], kernels: list[str] | None, D: int, dtype: str, as_json: bool) -> None:
