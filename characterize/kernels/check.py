@@ -20,6 +20,7 @@ import torch
 
 from characterize.config import DTYPES, WorkloadConfig
 from characterize.errors import CharacterizeError, UnsupportedShape
+from characterize.kernels.fbgemm import FbgemmUnavailable
 from characterize.kernels.library import (
     Table,
     as_dtype,
@@ -104,6 +105,9 @@ def check_one(variant: str, weight: Table, indices: torch.Tensor, offsets: torch
     try:
         out = run_variant(variant, weight.to(device).clone(), indices.to(device), offsets.to(device), mode=mode,
                           padding_idx=padding_idx, params=params, backend=backend, gpu=gpu)
+    except (UnsupportedShape, FbgemmUnavailable) as e:  # refused by design, or a peer not installed here
+        return CheckResult(variant, dataset, mode, shape, backend, float("nan"), tol, None, None, None,
+                           f"skipped: {e}", dtype)
     except CharacterizeError as e:
         return CheckResult(variant, dataset, mode, shape, backend, float("nan"), tol, None, None, False, str(e),
                            dtype)

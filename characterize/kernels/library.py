@@ -27,6 +27,7 @@ from characterize.hardware.devices import devices
 from characterize.hardware.specs import REFERENCE_ARCH, gpu_spec
 from characterize.kernels.build import BuildResult, BuildSpec, build
 from characterize.kernels.cache import HostCache, ManagedTable
+from characterize.kernels.fbgemm import FbgemmTable
 from characterize.kernels.registry import (
     Variant,
     default_cache_rows,
@@ -305,6 +306,7 @@ class TableKernel:
     window: dict[str, float] = field(default_factory=dict)
     cache: HostCache | None = None           # cache: the GPU row cache of the host-resident table
     managed: ManagedTable | None = None      # uvm on a GPU: the table in managed memory
+    peer: Any = None                         # fbgemm: the FbgemmTable that runs FBGEMM's own forward
 
     def __post_init__(self) -> None:
         self.dim = self.dim or self.weight.shape[1]
@@ -327,6 +329,8 @@ class TableKernel:
 
     def map_indices(self, indices: torch.Tensor) -> torch.Tensor:
         """Indices as this variant's table layout needs them (l2w remaps, once per trace)."""
+        if self.peer is not None:
+            return self.peer.indices(indices)
         return self._remap[indices] if self._remap is not None else indices
 
     def map_padding(self) -> int:
@@ -368,6 +372,10 @@ class TableKernel:
     def _launch(self, weight: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor,
                 per_sample_weights: torch.Tensor | None, out: BagOutputs | None, padding: int) -> BagOutputs:
         B, D = offsets.shape[0], self.dim
+        if self.peer is not None:
+            y = self.peer.forward(indices, offsets, per_sample_weights)
+            empty = torch.empty(0, dtype=torch.int64, device=y.device)
+            return BagOutputs(y, empty, empty)
         if self.library is None:
             pad = self.padding_idx
             if DTYPES[self.dtype].qparam_bytes:  # int8: dequantized with torch's ops
@@ -449,6 +457,10 @@ def bind(variant: str | Variant, weight: Table, *, trace: torch.Tensor | None = 
         padding_idx = padding_idx + E if padding_idx < 0 else padding_idx
         if not 0 <= padding_idx < E:
             raise ConfigError(f"padding_idx {padding_idx} outside the table's {E} rows")
+    if v.peer == "fbgemm":
+        if padding_idx is not None:
+            raise UnsupportedShape("FBGEMM's TBE has no padding_idx (it prunes rows with index remapping instead)")
+        return TableKernel(v, {}, weight, None, None, mode, None, dtype, D, peer=FbgemmTable(weight, D, dtype, mode))
     if v.entry is None:
         return TableKernel(v, {}, weight, None, None, mode, padding_idx, dtype, D)
     arch = None

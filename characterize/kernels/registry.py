@@ -55,6 +55,10 @@ class Variant:
     honors_cap: bool = True         # False where __launch_bounds__ overrides -maxrregcount
     test_only: bool = False
     host: str = "none"              # none: table in GPU memory | cache: host table + GPU row cache | uvm: managed
+    peer: str | None = None         # torch | fbgemm: a kernel we did not write, modelled from its own SASS (peers)
+    tables_per_launch: str = "one"  # one: a launch per table | all: every table in one launch
+    offset2bag: bool = True         # also writes offset2bag and bag sizes, as torch's operator does
+    persistent: bool = False        # a grid of SMs x resident blocks, whatever B
 
     @property
     def block_size(self) -> int:
@@ -80,8 +84,9 @@ class Variant:
                                    f"{dtype} tables (the scale and bias after the values must be aligned); D={D}")
         multiple = self.dim_multiple * (vector_elems(dtype) if self.vector_loads else 1)
         if D % multiple:
+            why = "it loads rows as 16-byte vectors" if self.vector_loads else "its rows are read in 4-element vectors"
             raise UnsupportedShape(f"variant {self.name} needs D to be a multiple of {multiple} for {dtype} "
-                                   f"(it loads rows as 16-byte vectors); D={D}. Use base or rpf for this D.")
+                                   f"({why}); D={D}. Use base or rpf for this D.")
         if self.max_dim is not None and D > self.max_dim:
             raise UnsupportedShape(f"variant {self.name} supports D <= {self.max_dim}; D={D}")
 
@@ -162,8 +167,13 @@ def register(v: Variant) -> Variant:
     return v
 
 
-register(Variant("torch", "torch.nn.functional.embedding_bag: PyTorch's own kernel, what users run today",
-                 per_sample_weights=True))
+register(Variant("torch", "torch.nn.functional.embedding_bag: PyTorch's own kernel, what users run today "
+                          "(modelled from the SASS of torch 2.13.0's CUDA wheel)", per_sample_weights=True, peer="torch"))
+register(Variant("fbgemm", "FBGEMM's table-batched embedding forward (TBE, fbgemm-gpu 1.8.0), what TorchRec runs: every "
+                           "table in one launch, a warp per bag, whole rows in 16-byte loads, 32 indices per tile "
+                           "broadcast by shuffles (modelled from its own SASS; measured through its Python API when "
+                           "fbgemm-gpu is installed)", peer="fbgemm", tables_per_launch="all", offset2bag=False,
+                 block=(512, 1), grid=0, dim_multiple=4, per_sample_weights=True, dtypes=("fp32", "fp16", "bf16", "int8h")))
 register(Variant("base", "PyTorch-style kernel: thread per (bag, feature), 32x8 blocks, grid 1024, scalar loads",
                  entry="chz_forward_base", kernel="chz_base_kernel<false>", per_sample_weights=True))
 register(Variant("optmt", "base compiled with a register cap for more resident warps (occupancy)",

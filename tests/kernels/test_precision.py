@@ -21,7 +21,8 @@ from characterize.kernels.library import (
 from characterize.kernels.registry import VARIANTS, get_variant, warp_group
 from tests.conftest import HAS_GPU
 
-PUBLIC = [n for n, v in VARIANTS.items() if not v.test_only]
+#: every variant but FBGEMM's, whose binding tests/kernels/test_fbgemm.py checks (it needs fbgemm_gpu)
+PUBLIC = [n for n, v in VARIANTS.items() if not v.test_only and v.peer != "fbgemm"]
 
 
 def odd_batch(B=37, E=1009, max_len=9, seed=3):
