@@ -8,5 +8,8 @@ setup(
     packages=[*find_packages(include=["characterize", "characterize.*"]), "characterize.kernels.cuda"],
     package_dir={"characterize.kernels.cuda": "kernels"},
     package_data={"characterize.kernels.cuda": ["*.cu", "*.cuh", "*.h"],
-                  "characterize.report": ["templates/*"], "characterize": ["experiments/*.toml"]},
+                  "characterize.report": ["templates/*"], "characterize": ["experiments/*.toml"],
+                  # the peers' kernel facts, and the corpus of public measurements with the model's error on it
+                  "characterize.kernels": ["peers.csv"],
+                  "characterize.analysis.model": ["measurements.csv", "validation.csv", "model_error.json"]},
 )

@@ -28,8 +28,19 @@ from characterize.analysis.claims import CLAIM_ARCH, CLAIM_VARIANTS, paper_claim
 from characterize.analysis.model.constants import ModelConstants, load_calibration
 from characterize.analysis.model.e2e import Overheads
 from characterize.analysis.model.e2e import predict_step as predict_e2e
+from characterize.analysis.model.geometry import _prepare as _prepare_points
 from characterize.analysis.model.host import CACHE_SWEEP
+from characterize.analysis.model.kernels import peer_dtype
 from characterize.analysis.model.predict import predict_experiment
+from characterize.analysis.model.validation_error import write_model_error
+from characterize.analysis.validation import (
+    VALIDATION_CSV,
+    Validation,
+    expressible,
+    load_measurements,
+    not_expressible,
+    validate_points,
+)
 from characterize.config import DTYPES, DlrmConfig, ExperimentConfig, WorkloadConfig, read_experiment
 from characterize.errors import (
     CharacterizeError,
@@ -41,7 +52,7 @@ from characterize.errors import (
 )
 from characterize.hardware.devices import devices, require_gpu
 from characterize.hardware.specs import gpu_spec, normalize_arch
-from characterize.kernels.build import reported_builds
+from characterize.kernels.build import buildable_arch, reported_builds
 from characterize.kernels.check import CheckResult, check_variants
 from characterize.kernels.registry import HOST_VARIANTS, VARIANT_ORDER, default_cache_rows, get_variant
 from characterize.kernels.static import analyze_variants, static_characterization
@@ -154,12 +165,18 @@ class CodeFacts:
     static: pd.DataFrame
     sass: pd.DataFrame
 
-    def covers(self, variants: Sequence[str], archs: Sequence[str], D: int) -> bool:
+    def covers(self, variants: Sequence[str], archs: Sequence[str], D: int, dtype: str = "fp32") -> bool:
+        """Whether these facts hold every compiled variant's rows on `archs` for `dtype`
+        (rows written without a dtype are fp32 builds)."""
         if D != self.D:
             return False
         need = {(v, normalize_arch(a)) for v in variants if get_variant(v).compiled for a in archs}
         for df in (self.static, self.sass):
-            if df.empty or not {"variant", "arch"} <= set(df.columns) or not need <= set(zip(df["variant"], df["arch"])):
+            if df.empty or not {"variant", "arch"} <= set(df.columns):
+                return False
+            dt = df["dtype"].astype(object).fillna("fp32") if "dtype" in df.columns else pd.Series("fp32", df.index)
+            mine = df[dt == dtype]
+            if not need <= set(zip(mine["variant"], mine["arch"])):
                 return False
         return True
 
@@ -171,7 +188,7 @@ def sass_frame(variants: Sequence[str], archs: Sequence[str], D: int,
     rows = [r.to_dict() for r in analyze_variants(list(variants), list(archs), D=D, params=dict(params or {}),
                                                   dtype=dtype)]
     df = pd.DataFrame(rows)
-    for col in ("load_bits", "prefetches"):
+    for col in ("load_bits", "prefetches", "bag_latencies", "bag_instructions"):
         if col in df.columns:
             df[col] = [json.dumps({str(k): v for k, v in d.items()}, sort_keys=True) for d in df[col]]
     return df
@@ -197,7 +214,8 @@ def code_facts(variants: Sequence[str], archs: Sequence[str], D: int, params: Ma
 
 
 def predict(exp: ExperimentConfig, archs: Sequence[str] | None = None, *, code: CodeFacts | None = None,
-            progress: Reporter | Progress | None = None, cache_ratios: Sequence[float] | None = None) -> pd.DataFrame:
+            progress: Reporter | Progress | None = None, cache_ratios: Sequence[float] | None = None,
+            profiles: dict | None = None) -> pd.DataFrame:
     """Model predictions for `exp` on `archs` (architectures or GPU names), compiling
     what the model needs unless `code` already covers it; `cache_ratios` sweeps the
     cache variant's size (shares of E). The experiment's extra `dtypes` are predicted
@@ -210,13 +228,18 @@ def predict(exp: ExperimentConfig, archs: Sequence[str] | None = None, *, code: 
     gpu_archs = list(dict.fromkeys(gpu_spec(a).arch for a in targets))
     # host-resident variants run base's kernel: base's code facts are theirs
     names = list(dict.fromkeys(["base", *(v for v in exp.variants if get_variant(v).host == "none")]))
-    if code is None or not code.covers(names, gpu_archs, exp.workload.D):
-        code = code_facts(names, gpu_archs, exp.workload.D, exp.params, dtype=exp.workload.dtype, progress=progress)
+    dtype = exp.workload.dtype
+    if code is None or not code.covers(names, gpu_archs, exp.workload.D, dtype):
+        # an architecture this nvcc cannot build (CUDA 13: Volta) is modelled from the closest one it can
+        code_archs = list(dict.fromkeys(buildable_arch(a) for a in gpu_archs))
+        if code is None or not code.covers(names, code_archs, exp.workload.D, dtype):
+            code = code_facts(names, code_archs, exp.workload.D, exp.params, dtype=dtype, progress=progress)
     rep = as_reporter(progress)
     with rep.task(f"predictions for {', '.join(targets)}", total=len(exp.datasets), unit="datasets") as task:
         per = PerMessage(task, len(exp.datasets))
+        profiles = {} if profiles is None else profiles   # the traces' locality, shared by every dtype
         df = predict_experiment(exp, targets, static=code.static, sass=code.sass, progress=per,
-                                cache_ratios=cache_ratios)
+                                cache_ratios=cache_ratios, profiles=profiles)
         per.close()
         task.finish(f"{len(df)} point(s) predicted")
     for dt in dict.fromkeys(exp.dtypes):
@@ -225,15 +248,18 @@ def predict(exp: ExperimentConfig, archs: Sequence[str] | None = None, *, code: 
         wl = exp.workload.replace(dtype=dt)
         other = dataclasses.replace(exp, workload=wl, dtypes=(), variants=tuple(v for v in exp.variants
                                                                                 if _reads(v, wl)))
-        df = pd.concat([df, predict(other, targets, progress=progress, cache_ratios=cache_ratios)],
+        df = pd.concat([df, predict(other, targets, code=code, progress=progress, cache_ratios=cache_ratios,
+                                    profiles=profiles)],
                        ignore_index=True)
     return df
 
 
 def _reads(variant: str, wl: WorkloadConfig) -> bool:
-    """Whether a variant reads tables of the workload's dtype at its D."""
+    """Whether a variant reads tables of the workload's dtype at its D (a peer: the
+    dtype its users run for it, FBGEMM's int8 rows for an int8 table)."""
+    v = get_variant(variant)
     try:
-        get_variant(variant).check_shape(wl.D, wl.dtype)
+        v.check_shape(wl.D, peer_dtype(v.peer, wl.dtype) if v.peer else wl.dtype)
     except UnsupportedShape:
         return False
     return True
@@ -307,9 +333,22 @@ def locality_step(run: RunDir, exp: ExperimentConfig, progress: Reporter | Progr
 
 
 def static_step(run: RunDir, exp: ExperimentConfig, progress: Reporter | Progress = _quiet) -> CodeFacts:
-    """static.csv (with the register sweep) and sass.csv of the experiment's variants."""
-    code = code_facts(exp.variants, exp.archs, exp.workload.D, exp.params, exp.maxrregcount, exp.workload.dtype,
+    """static.csv (with the register sweep) and sass.csv of the experiment's variants, at
+    the workload's dtype and at each of the precision grid's (the facts its predictions
+    read, so that the run directory says where every prediction came from)."""
+    archs = list(dict.fromkeys(buildable_arch(a) for a in exp.archs))   # CUDA 13 builds no Volta: its stand-in
+    code = code_facts(exp.variants, archs, exp.workload.D, exp.params, exp.maxrregcount, exp.workload.dtype,
                       progress=progress)
+    statics, sasses = [code.static], [code.sass]
+    for dt in dict.fromkeys(exp.dtypes):
+        if dt == exp.workload.dtype:
+            continue
+        wl = exp.workload.replace(dtype=dt)
+        names = [v for v in dict.fromkeys(["base", *exp.variants]) if get_variant(v).compiled and _reads(v, wl)]
+        more = code_facts(names, archs, exp.workload.D, exp.params, dtype=dt, progress=progress)
+        statics.append(more.static)
+        sasses.append(more.sass)
+    code = CodeFacts(exp.workload.D, pd.concat(statics, ignore_index=True), pd.concat(sasses, ignore_index=True))
     run.write("static", code.static)
     run.write("sass", code.sass)
     return code
@@ -509,6 +548,51 @@ def run_experiment(exp: ExperimentConfig, out: Path | None = None, *, resume: bo
             outcome.steps[step.name] = "done"
         run.log(f"{step.name}: {outcome.steps[step.name]} ({time.perf_counter() - start:.1f} s)")
     return outcome
+
+
+# -------------------------------------------------------------- validation
+def validate(*, write: bool = False, progress: Reporter | Progress | None = None) -> Validation:
+    """The model against the corpus of public measurements (analysis.validation): each
+    expressible row predicted from the code facts of its kernel (ours compiled here, the
+    peers' from their SASS), scored with the published constants and under
+    leave-one-source-out cross-validation. `write` stores the cross-validated error
+    every later prediction carries (model_error.json) and the per-row results."""
+    rep = as_reporter(progress)
+    corpus = load_measurements()
+    rows = expressible(corpus)
+    facts: dict[tuple, CodeFacts] = {}
+    points, kept, left = [], [], []
+    with rep.task("predicting the public measurements", total=len(rows), unit="rows") as task:
+        for m in rows:
+            task.advance(0, item=f"{m.id} {m.variant} on {m.gpu}")
+            try:
+                gpu = gpu_spec(m.gpu)
+                v = get_variant(m.variant)
+                static = sass = None
+                if v.compiled:
+                    arch = buildable_arch(gpu.arch)
+                    key = (m.variant, arch, m.workload.D, m.workload.dtype, json.dumps(m.params, sort_keys=True))
+                    if key not in facts:
+                        facts[key] = code_facts([m.variant], [arch], m.workload.D, m.params, dtype=m.workload.dtype)
+                    static, sass = facts[key].static, facts[key].sass
+                pts = _prepare_points(m.workload, [m.dataset], [m.variant], [gpu], m.params, static, sass, 1, m.mode,
+                                      {}, None, set_aside=m.set_aside, with_base=False)
+                points.append(next(p for p in pts if p.variant == m.variant))
+                kept.append(m)
+            except CharacterizeError as e:
+                left.append({"id": m.id, "source": m.source, "gpu": m.gpu, "kernel": m.variant,
+                             "why_not": f"not predictable here: {e}"})
+            task.advance(1)
+        task.finish(f"{len(kept)} of {len(rows)} expressible row(s) predicted")
+    consts = {p.gpu.key: load_calibration(p.gpu) or ModelConstants.defaults(p.gpu) for p in points}
+    with rep.task("leave-one-source-out cross-validation") as task:
+        result = validate_points(kept, points, consts)
+        task.finish(f"{result.error.n} measurements, {result.error.sources} sources")
+    result.left_out = pd.concat([not_expressible(corpus), pd.DataFrame(left)], ignore_index=True)
+    if write:
+        write_model_error(result.error)
+        result.rows.to_csv(VALIDATION_CSV, index=False)
+    return result
 
 
 # -------------------------------------------------------------- end to end

@@ -14,6 +14,7 @@ from characterize.hardware.devices import devices
 from characterize.kernels.registry import VARIANT_ORDER
 from characterize.store import load_run
 from characterize.workloads.presets import HOTNESS_ORDER
+from tests.analysis.test_model import sass, static
 from tests.conftest import write_experiment
 
 
@@ -25,7 +26,7 @@ def test_empty_lists_mean_everything_in_registry_order():
 @pytest.mark.parametrize("change, message", [
     ({"variants": ("base", "nonesuch")}, "unknown variant 'nonesuch'"),
     ({"datasets": ("tepid",)}, "tepid"),
-    ({"archs": ("sm_70",)}, "sm_70"),
+    ({"archs": ("sm_75",)}, "sm_75"),
     ({"params": {"rpf": {"Q": 1}}}, "no parameter"),
 ])
 def test_names_are_checked_against_the_registries(change, message):
@@ -50,10 +51,7 @@ def test_predict_reuses_static_rows_that_cover_it(monkeypatch):
     exp = pipeline.load_experiment("quick")
     called = []
     monkeypatch.setattr(pipeline, "code_facts", lambda *a, **k: called.append(a))
-    rows = [{"variant": v, "arch": "sm_80", "role": "lookup", "sweep": False, "blocks_per_sm": 4, "registers": 54,
-             "latencies_per_iteration": 4.8, "lookups_per_iteration": 4, "rows_in_flight": 0.83,
-             "instructions_per_lookup": 32.0} for v in ("base", *exp.variants)]
-    code = pipeline.CodeFacts(exp.workload.D, pd.DataFrame(rows), pd.DataFrame(rows))
+    code = pipeline.CodeFacts(exp.workload.D, static(), sass())   # the committed run's real facts
     pipeline.predict(exp, ["sm_80"], code=code)
     assert not called
 

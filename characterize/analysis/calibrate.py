@@ -120,8 +120,8 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     return 1 / (1 + np.exp(-x))
 
 
-def _least_squares(residuals: Callable[[np.ndarray], np.ndarray], x0: np.ndarray, iterations: int = 60
-                   ) -> np.ndarray:
+def least_squares(residuals: Callable[[np.ndarray], np.ndarray], x0: np.ndarray, iterations: int = 60
+                  ) -> np.ndarray:
     """Levenberg-Marquardt with central-difference Jacobians (a few parameters only)."""
     x, r = x0.copy(), residuals(x0)
     cost, lam, h = float(r @ r), 1e-2, 1e-3
@@ -153,7 +153,7 @@ def fit_run(run: Any, gpu: str | None = None, *, static: Any = None, sass: Any =
     """Fit the constants named in `fit` to a measured run (store.load_run() or a path).
 
     Residuals: log(predicted / measured) of each timed (variant, dataset, mode) point
-    (torch is left out: the model describes our kernels, not PyTorch's), plus
+    (ours, PyTorch's and FBGEMM's: each is modelled from its own SASS), plus
     hit_weight x (predicted - measured L2 hit rate) / 100 for lookup kernels ncu
     profiled with --cache-control none (the model's all-reads L2 hit rate; writes are
     not counted), plus prior_weight x log(value / default) per constant so that
@@ -168,9 +168,10 @@ def fit_run(run: Any, gpu: str | None = None, *, static: Any = None, sass: Any =
         raise RunDirError(f"{run.path}: meta.json holds no experiment; the model needs the workload it measured")
     exp = ExperimentConfig.from_dict(run.meta["experiment"])
     times, hits = _measured(run)
-    times = times[times["variant"].map(lambda v: get_variant(v).compiled)]
+    # ours and the peers', each modelled from its own machine code
+    times = times[times["variant"].map(lambda v: get_variant(v).compiled or bool(get_variant(v).peer))]
     if times.empty:
-        raise RunDirError(f"{run.path}: no finished timings of compiled variants to calibrate on")
+        raise RunDirError(f"{run.path}: no finished timings of modelled variants to calibrate on")
     if static is None:
         static = run.static
         if static.empty or "arch" not in static.columns or spec.arch not in set(static["arch"]):
@@ -212,7 +213,7 @@ def fit_run(run: Any, gpu: str | None = None, *, static: Any = None, sass: Any =
 
     if progress:
         progress(f"fitting {', '.join(names)} to {len(timed)} timings and {len(hit_pts)} L2 hit rates")
-    fitted = constants_at(_least_squares(residuals, x0))
+    fitted = constants_at(least_squares(residuals, x0))
     meas = [m for _, m in timed]
     return Calibration(spec, fitted, defaults, tuple(names), len(timed), len(hit_pts),
                        gmae([_evaluate(p, defaults)["time_us"] for p, _ in timed], meas),

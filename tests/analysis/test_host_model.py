@@ -139,7 +139,7 @@ def test_parse_ratios():
 
 def test_cli_cache_ratio_sweep(tmp_path, monkeypatch):
     monkeypatch.setattr(pipeline, "code_facts", lambda v, a, D, *r, **k: pipeline.CodeFacts(
-        D, static().assign(dtype=k["dtype"]), sass().assign(dtype=k["dtype"])))
+        D, static(), sass()))
     toml = tmp_path / "host.toml"
     toml.write_text('name = "host"\ndatasets = ["medium"]\nvariants = ["base", "uvm"]\narchs = ["sm_80"]\n'
                     '[workload]\nT = 3\nE = 10007\nD = 36\nB = 97\nL = "13"\nbatches = 3\ndtype = "fp16"\n')

@@ -1,15 +1,19 @@
-"""Model stage: its limits, monotonicity, bandwidth ceilings, calibration on a synthetic
-run, the CLI's JSON and the paper-claims table.
+"""Model stage: its limits, monotonicity, bandwidth ceilings and floor, the structure the
+hardware argues for (SMs take blocks as others retire, L2 shared by every stream, one
+launch for all tables, L=1), calibration on a synthetic run, and the paper-claims table.
 
-Small workloads and a fixed static table (blocks per SM as ptxas gives them with nvcc
-13) keep these fast and independent of the compiler and its build cache.
+The kernels' facts are the committed no-GPU run's (profiles/static-paper: ptxas's
+resources and the loop-nest replay of nvcc 13's SASS for fp32, fp16 and int8): real
+facts, with no compiler call, so these tests stay fast. Where a test needs another
+occupancy or more rows in flight it changes those facts the way a different kernel
+would have them (registers; latencies per bag).
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
-import click
 import numpy as np
 import pandas as pd
 import pytest
@@ -21,55 +25,54 @@ from characterize.analysis import claims as CL
 from characterize.analysis.model import locality as LOC
 from characterize.analysis.model import predict as MP
 from characterize.analysis.model.constants import ModelConstants, load_calibration
+from characterize.analysis.model.equations import norm
 from characterize.analysis.model.scores import gmae
 from characterize.cli.base import Group
-from characterize.cli.model import PREDICT_KEYS
 from characterize.cli.model import calibrate as calibrate_cmd
 from characterize.cli.model import predict as predict_cmd
-from characterize.config import ExperimentConfig, WorkloadConfig
-from characterize.errors import ConfigError, ToolchainNotFound
+from characterize.config import ExperimentConfig, Pooling, WorkloadConfig
+from characterize.errors import ConfigError, ToolchainNotFound, UnsupportedShape
 from characterize.hardware.specs import gpu_spec
 from characterize.store import RunDir, load_run
 
+PAPER_RUN = Path(__file__).parents[2] / "profiles" / "static-paper"
 SMALL = WorkloadConfig(T=2, E=50_000, B=256, L=20, batches=3)
 VARIANTS = ["base", "optmt", "rpf", "l2p", "l2w", "combined", "warp"]
-#: blocks per SM of each lookup kernel (256 threads) as nvcc 13 builds them
-BLOCKS = {"sm_80": dict(base=4, optmt=5, rpf=5, l2p=4, l2w=4, combined=5, warp=5),
-          "sm_90": dict(base=4, optmt=5, rpf=5, l2p=4, l2w=4, combined=5, warp=4)}
 
 
-#: hot loops as `characterize sass` reads them from nvcc 13's SASS (D=128): latencies serialized
-#: per iteration, lookups per iteration, rows in flight, instructions per lookup
-LOOPS = {"sm_80": dict(base=(4.81, 4, 0.83, 32.25), optmt=(4.81, 4, 0.83, 32.75), rpf=(0.944, 2, 2.12, 31.5),
-                       l2p=(4.81, 4, 0.83, 32.75), l2w=(4.81, 4, 0.83, 32.25), combined=(0.944, 2, 2.12, 31.5),
-                       warp=(0.924, 8, 8.66, 26.25)),
-         "sm_90": dict(base=(4.78, 4, 0.84, 37.25), optmt=(4.78, 4, 0.84, 37.75), rpf=(0.946, 2, 2.11, 35.5),
-                       l2p=(4.78, 4, 0.84, 37.75), l2w=(4.78, 4, 0.84, 37.25), combined=(0.946, 2, 2.11, 35.5),
-                       warp=(0.934, 8, 8.57, 24.75))}
+def static(registers: dict[str, int] | None = None) -> pd.DataFrame:
+    """The committed run's static rows; `registers` overrides a variant's (all archs)."""
+    df = pd.read_csv(PAPER_RUN / "static.csv")
+    for v, r in (registers or {}).items():
+        df.loc[df["variant"] == v, "registers"] = r
+    return df
 
 
-def sass(loops: dict[str, dict[str, tuple]] = LOOPS) -> pd.DataFrame:
-    return pd.DataFrame([{"variant": v, "arch": a, "role": "lookup", "latencies_per_iteration": x[0],
-                          "lookups_per_iteration": x[1], "rows_in_flight": x[2], "instructions_per_lookup": x[3]}
-                         for a, per in loops.items() for v, x in per.items()])
-
-
-def static(blocks: dict[str, dict[str, int]] = BLOCKS) -> pd.DataFrame:
-    return pd.DataFrame([{"variant": v, "arch": a, "role": "lookup", "sweep": False, "blocks_per_sm": b,
-                          "registers": 48} for a, per in blocks.items() for v, b in per.items()])
-
-
-def group() -> click.Group:
-    """The commands on a group like characterize's main (domain errors -> messages)."""
-    g = Group()
-    g.add_command(predict_cmd)
-    g.add_command(calibrate_cmd)
-    return g
+def sass(scale: dict[str, float] | None = None, instructions: dict[str, float] | None = None) -> pd.DataFrame:
+    """The committed run's SASS rows; `scale` divides a variant's latencies per bag (as a
+    kernel keeping that many times more rows in flight would wait), `instructions`
+    multiplies its instructions per bag."""
+    df = pd.read_csv(PAPER_RUN / "sass.csv")
+    for col, changes, op in (("bag_latencies", scale, lambda x, f: x / f),
+                             ("bag_instructions", instructions, lambda x, f: x * f)):
+        for v, f in (changes or {}).items():
+            rows = df["variant"] == v
+            df.loc[rows, col] = [json.dumps({k: op(x, f) for k, x in json.loads(c).items()}) for c in df.loc[rows, col]]
+    return df
 
 
 @pytest.fixture(autouse=True)
 def no_stored_calibration(tmp_path, monkeypatch):
     monkeypatch.setenv("CHARACTERIZE_CALIBRATION", str(tmp_path / "calibration"))
+
+
+def test_the_committed_facts_cover_what_these_tests_read():
+    s, k = static(), sass()
+    for df in (s, k):
+        assert {"sm_80", "sm_90"} <= set(df["arch"]) and {"fp32", "fp16", "int8"} <= set(df["dtype"])
+        assert set(VARIANTS) <= set(df["variant"])
+    lookups = k[k["role"] == "lookup"]
+    assert lookups["bag_latencies"].map(lambda c: len(json.loads(c)) >= 5).all()
 
 
 def test_a_trace_of_one_row_hits_l2():
@@ -85,50 +88,155 @@ def test_uniform_trace_over_a_table_100x_the_l2_misses():
     assert df["l2_hit_rate_pct"].iloc[0] < 1
 
 
-def test_more_resident_warps_or_prefetch_never_slower_when_latency_bound():
-    wl = SMALL.replace(E=500_000, B=2048, batches=2)
-    times = []
-    for b in range(1, 9):
-        df = MP.predict(wl, ["random"], ["base"], ["sm_80"], static=static({"sm_80": {"base": b}}), sass=sass())
-        assert df["bound"].iloc[0] == "latency"
-        times.append(df["time_us"].iloc[0])
-    assert all(later <= earlier for earlier, later in zip(times, times[1:])) and times[-1] < times[0]
-    def loops(rif: float, per_lookup: float = 4.0) -> dict:   # rif rows in flight: one latency per rif lookups
-        return {"sm_80": {"base": LOOPS["sm_80"]["base"], "rpf": (1.0, rif, rif, per_lookup)}}
-
-    rows = [MP.predict(wl, ["medium"], ["rpf"], ["sm_80"], static=static(), sass=sass(loops(r))).iloc[0]
-            for r in (1, 2, 4, 8, 16)]
+def test_more_resident_warps_or_rows_in_flight_never_slower_when_latency_bound():
+    wl = SMALL.replace(E=500_000, B=2048, L=150, batches=2)
+    times, blocks = [], []
+    for regs in (128, 96, 72, 64, 56, 48, 40, 32):
+        r = MP.predict(wl, ["random"], ["base"], ["sm_80"], static=static({"base": regs}), sass=sass()).iloc[0]
+        times.append(r["time_us"])
+        blocks.append(r["blocks_per_sm"])
+    assert blocks == sorted(blocks) and blocks[-1] > blocks[0]
+    assert all(later <= earlier + 1e-9 for earlier, later in zip(times, times[1:])) and times[-1] < times[0]
+    wl = wl.replace(E=5_000_000)
+    rows = [MP.predict(wl, ["random"], ["rpf"], ["sm_80"], static=static(), sass=sass({"rpf": f})).iloc[0]
+            for f in (0.25, 0.5, 1, 2, 4, 8, 16)]
     assert rows[0]["bound"] == "latency" and rows[-1]["bound"] == "dram"   # rows in flight reach the roofline
-    busy = MP.predict(wl, ["medium"], ["rpf"], ["sm_80"], static=static(), sass=sass(loops(16, 60.0))).iloc[0]
-    assert busy["bound"] == "issue"   # unless the loop issues too many instructions per lookup
     for column in ("latency_us", "time_us"):
         values = [r[column] for r in rows]
-        assert all(later <= earlier for earlier, later in zip(values, values[1:])), column
+        assert all(later <= earlier + 1e-9 for earlier, later in zip(values, values[1:])), column
+    busy = MP.predict(wl, ["random"], ["rpf"], ["sm_80"], static=static(),
+                      sass=sass({"rpf": 16}, {"rpf": 8})).iloc[0]
+    assert busy["bound"] == "issue"   # unless the loops issue too many instructions
 
 
-def test_bandwidth_bound_predictions_never_exceed_the_peaks():
+def test_occupancy_is_a_continuous_gain_not_a_whole_wave_step():
+    """1024 blocks of 8 warps on 132 SMs: 4 to 7 resident blocks per SM all took two whole
+    waves in a wave-counting model (1.00x, or 2.00x at 8). SMs take a new block as one
+    retires, so each resident block more is a gain of its own."""
+    wl = SMALL.replace(E=5_000_000, B=2048, L=150, T=1, batches=2)
+    by_blocks = {}
+    for regs in (64, 56, 48, 40):
+        r = MP.predict(wl, ["random"], ["base"], ["h100-sxm"], static=static({"base": regs}), sass=sass()).iloc[0]
+        by_blocks[int(r["blocks_per_sm"])] = r
+    assert len(by_blocks) >= 3
+    ks = sorted(by_blocks)
+    for a, b in zip(ks, ks[1:]):
+        ratio = by_blocks[a]["time_us"] / by_blocks[b]["time_us"]
+        assert 1.02 < ratio < 1.6, (a, b, ratio)
+        assert by_blocks[a]["waves"] > by_blocks[b]["waves"] and by_blocks[b]["waves"] % 1 != 0
+
+
+def test_pcie_and_sxm_differ_by_their_resources_not_by_a_wave():
+    wl = SMALL.replace(E=5_000_000, B=2048, L=150, T=1, batches=2)
+    df = MP.predict(wl, ["random"], ["torch"], ["h100-sxm", "h100-pcie"], static=static(), sass=sass())
+    t = df.set_index("gpu")["time_us"]
+    assert 1.0 < t["h100-pcie"] / t["h100-sxm"] < 1.5
+
+
+def test_bandwidth_bound_predictions_never_exceed_the_peaks_nor_beat_the_floor():
     wl = SMALL.replace(E=2_000_000, B=2048, L=50, batches=2)
-    df = MP.predict(wl, ["random", "high"], VARIANTS, ["sm_80", "sm_90"], static=static(), sass=sass())
+    df = MP.predict(wl, ["random", "high"], VARIANTS + ["torch", "fbgemm"], ["sm_80", "sm_90"], static=static(),
+                    sass=sass())
     assert (df["bound"] == "dram").any()
     for row in df.itertuples():
         gpu = gpu_spec(row.gpu)
-        ns = row.time_us * 1000
+        ns = (row.time_us - 0) * 1000
         assert row.dram_bytes / ns <= gpu.hbm_GBps and row.l2_bytes / ns <= gpu.l2_GBps
+        assert row.time_us >= row.floor_us and row.time_us_low >= row.floor_us
+
+
+def test_the_output_and_index_streams_share_l2_with_the_rows():
+    """Rows reused after many bags: the indices and outputs streamed in between push them
+    out. A batch 8x wider streams 8x the output bytes between two reads of a row at the
+    same row distance, so fewer rows survive."""
+    narrow = SMALL.replace(E=2_000, B=128, L=Pooling("fixed", 1.0), D=512, batches=2)
+    wide = narrow.replace(B=1024, E=16_000)
+    hits = [float(MP.predict(w, ["random"], ["base"], ["sm_80"], static=static(), sass=sass())
+                  ["l2_hit_rate_pct"].iloc[0]) for w in (narrow, wide)]
+    assert hits[1] < hits[0]
+
+
+def test_writes_have_their_own_efficiency_and_dominate_at_L_1():
+    wl = SMALL.replace(E=5_000_000, B=65536, L=Pooling("fixed", 1.0), T=1, batches=2)
+    c = ModelConstants.defaults(gpu_spec("h100-sxm"))
+    r = MP.predict(wl, ["random"], ["base"], ["h100-sxm"], static=static(), sass=sass(), constants=c).iloc[0]
+    assert r["dram_write_bytes"] >= 0.8 * r["dram_read_bytes"]   # L=1: one output row per row read
+    slow = MP.predict(wl, ["random"], ["base"], ["h100-sxm"], static=static(), sass=sass(),
+                      constants=c.replace(write_efficiency=0.4)).iloc[0]
+    assert slow["dram_us"] > r["dram_us"]
+
+
+def test_one_launch_for_all_tables_is_predicted_as_one():
+    wl = SMALL.replace(T=8, batches=2)
+    df = MP.predict(wl, ["medium"], ["base", "fbgemm", "torch"], ["sm_90"], static=static(), sass=sass())
+    r = df.set_index("variant")
+    assert r.loc["fbgemm", "tables_per_launch"] == 8 and r.loc["base", "tables_per_launch"] == 1
+    assert r.loc["fbgemm", "batch_us"] == pytest.approx(r.loc["fbgemm", "time_us"])
+    assert r.loc["fbgemm", "time_per_table_us"] == pytest.approx(r.loc["fbgemm", "time_us"] / 8)
+    assert r.loc["base", "batch_us"] == pytest.approx(8 * r.loc["base", "time_us"])
+    # speedups compare whole batches: a kernel covering every table is not 8x slower
+    assert r.loc["fbgemm", "speedup_vs_base"] == pytest.approx(r.loc["base", "batch_us"] / r.loc["fbgemm", "batch_us"])
+    assert r.loc["torch", "speedup_vs_torch"] == pytest.approx(1.0)
+    assert "fbgemm 1.8.0" in r.loc["fbgemm", "kernel_source"] and "torch 2.13.0" in r.loc["torch", "kernel_source"]
+
+
+def test_no_pooling_and_short_bags_are_predicted():
+    for L in ("1", "2", "uniform:0:3"):
+        wl = SMALL.replace(L=Pooling.parse(L) if hasattr(Pooling, "parse") else L, batches=2)
+        df = MP.predict(wl, ["high", "random"], ["base", "warp", "torch", "fbgemm"], ["sm_80"], static=static(),
+                        sass=sass())
+        assert len(df) == 8 and (df["time_us"] > 0).all() and df["time_us"].notna().all(), L
+
+
+def test_cold_mode_is_never_faster_than_steady():
+    df = MP.predict(SMALL, ["high", "medium"], VARIANTS + ["torch"], ["sm_80"], static=static(), sass=sass(),
+                    mode=["steady", "cold"])
+    t = df.set_index(["variant", "dataset", "mode"])["time_us"]
+    for v in VARIANTS + ["torch"]:
+        for d in ("high", "medium"):
+            assert t[(v, d, "cold")] >= t[(v, d, "steady")] - 1e-9, (v, d)
+
+
+def test_the_terms_overlap_as_a_k_norm():
+    assert norm([3.0, 4.0], 2.0) == pytest.approx(5.0)
+    assert norm([3.0, 4.0], 1.0) == pytest.approx(7.0)
+    assert norm([3.0, 4.0], 64.0) == pytest.approx(4.0, rel=1e-3)
+    assert norm([0.0, 0.0], 2.0) == 0.0
 
 
 def test_pinning_never_lowers_the_hit_rate():
-    """l2p/combined prefetch the hot rows before every launch. (l2w is not pinning: its
-    window is re-aimed at each table, so hot rows miss on their first read per launch
-    and its carve-out shrinks the rest of L2; it may lose to plain LRU in steady state.)"""
+    """l2p/combined prefetch the hot rows before every launch, in a set-aside or not.
+    (l2w is not pinning: its window is re-aimed at each table, so hot rows miss on their
+    first read per launch and its carve-out shrinks the rest of L2.)"""
     wl = SMALL.replace(E=500_000, B=1024, L=40)
-    for K, mode in ((2000, "steady"), (None, "steady"), (None, "cold")):
+    for K, mode, aside in ((2000, "steady", True), (None, "steady", True), (None, "cold", True),
+                           (2000, "steady", False)):
         params = {} if K is None else {"l2p": {"K": K}, "combined": {"K": K}}
         df = MP.predict(wl, ["one-item", "high", "medium", "low", "random"], ["base", "l2p", "combined"],
-                       ["sm_80", "sm_90"], static=static(), sass=sass(), params=params, mode=mode)
+                        ["sm_80", "sm_90"], static=static(), sass=sass(), params=params, mode=mode, set_aside=aside)
         hit = df.set_index(["variant", "dataset", "gpu"])["l2_hit_rate_pct"]
         for (v, d, g), h in hit.items():
-            assert h >= hit[("base", d, g)] - 1e-9, (K, mode, v, d, g)
+            assert h >= hit[("base", d, g)] - 1e-9, (K, mode, aside, v, d, g)
     assert (df[df["variant"] == "l2p"]["prepass_us"] > 0).all() and df[df["variant"] == "base"]["prepass_us"].isna().all()
+
+
+def test_a_pinned_row_hits_with_a_calibratable_probability_not_for_certain():
+    from characterize.analysis.model.constants import BOUNDS, FIT_DEFAULT
+
+    gpu = gpu_spec("a100-80gb")
+    base = ModelConstants.defaults(gpu)
+    assert base.pinned_hit == gpu.pinned_hit_probability < 1.0 and "pinned_hit" in FIT_DEFAULT
+    assert BOUNDS["pinned_hit"][1] == 1.0
+    hits = {}
+    for p in (0.5, base.pinned_hit, 1.0):
+        df = MP.predict(SMALL, ["medium"], ["l2p"], [gpu], static=static(), sass=sass(), params={"l2p": {"K": 300}},
+                        constants=base.replace(pinned_hit=p))
+        hits[p] = float(df["l2_hit_rate_pct"].iloc[0])
+    assert hits[0.5] < hits[base.pinned_hit] < hits[1.0]
+    # a calibration stored before the constant existed still loads, with the default
+    old = {k: v for k, v in base.to_dict().items() if k not in ("pinned_hit", "overlap", "write_efficiency",
+                                                                  "request_overhead_bytes")}
+    assert ModelConstants.from_dict(old).pinned_hit == gpu.pinned_hit_probability
 
 
 def test_sectors_and_capacities():
@@ -157,20 +265,36 @@ def test_the_model_never_compiles_and_the_pipeline_says_what_is_missing(monkeypa
         pipeline.predict(exp, ["sm_80"])
 
 
+def test_peers_need_no_compiler_and_are_left_out_with_a_reason_where_they_cannot_run():
+    # FBGEMM's TBE needs D to be a multiple of 4: as a reference it is left out, not an error
+    df = MP.predict(SMALL.replace(D=66), ["high"], ["base"], ["sm_80"], static=static(), sass=sass())
+    assert df["speedup_vs_fbgemm"].isna().all() and df["speedup_vs_torch"].notna().all()
+    with pytest.raises(UnsupportedShape, match="multiple of 4"):
+        MP.predict(SMALL.replace(D=66), ["high"], ["fbgemm"], ["sm_80"], static=static(), sass=sass())
+
+
 def _synthetic_run(tmp_path, truth: ModelConstants) -> RunDir:
     """A run directory whose 'measured' times are the model's own with `truth` constants."""
     exp = ExperimentConfig(name="synthetic", workload=WorkloadConfig(T=2, E=400_000, B=1024, L=40, batches=3),
-                           datasets=("one-item", "medium", "random"), variants=tuple(VARIANTS))
+                           datasets=("one-item", "medium", "random"), variants=("torch", *VARIANTS))
     run = RunDir.create(tmp_path / "run", {"experiment": exp.to_dict(),
                                            "gpu": {"name": "NVIDIA A100-SXM4-80GB", "arch": "sm_80"}})
     run.write("static", static())
     run.write("sass", sass())
-    frames = [MP.predict(exp.workload, exp.datasets, exp.variants, ["sm_80"], constants=truth, static=static(), sass=sass(), mode=m)
-              for m in ("steady", "cold")]
+    frames = [MP.predict(exp.workload, exp.datasets, exp.variants, ["sm_80"], constants=truth, static=static(),
+                         sass=sass(), mode=m) for m in ("steady", "cold")]
     for (v, d), g in pd.concat(frames).groupby(["variant", "dataset"]):
         summary = [{"mode": r.mode, "per_table_us": r.time_us, "ci95_us": 0.01 * r.time_us} for r in g.itertuples()]
         run.write_point("bench", v, d, {"status": "ok", "summary": summary})
     return run
+
+
+def group():
+    """The model's commands on a group like characterize's main (domain errors -> messages)."""
+    g = Group()
+    g.add_command(predict_cmd)
+    g.add_command(calibrate_cmd)
+    return g
 
 
 def test_calibration_recovers_known_constants(tmp_path):
@@ -190,13 +314,15 @@ def test_calibration_recovers_known_constants(tmp_path):
 
     base = times(truth)
     seen = 0
-    for name, want in truth.to_dict().items():
+    for name in ("l1_latency_ns", "l2_latency_ns", "dram_latency_ns", "l2_capacity_factor", "hbm_efficiency",
+                 "launch_overhead_us"):
+        want = getattr(truth, name)
         nudged = times(truth.replace(**{name: want * 1.1}))
         if np.max(np.abs(nudged / base - 1)) < 0.005:
             continue   # no timed point moves with this constant: the data cannot see it
         seen += 1
-        assert getattr(cal.constants, name) == pytest.approx(want, rel=0.05), name
-    assert seen >= 4
+        assert getattr(cal.constants, name) == pytest.approx(want, rel=0.1), name
+    assert seen >= 3
     assert cal.gmae_fitted < 0.01 < cal.gmae_default
 
     res = CliRunner().invoke(group(), ["calibrate", str(run.path), "--json"])
@@ -204,7 +330,6 @@ def test_calibration_recovers_known_constants(tmp_path):
     stored = json.loads(res.output)
     assert stored["gpu"] == "a100-80gb" and set(stored["constants"]) == set(truth.to_dict())
     assert load_calibration("sm_80") == ModelConstants.from_dict(stored["constants"])
-    exp = ExperimentConfig.from_dict(load_run(run.path).meta["experiment"])
     pred = MP.predict(exp.workload, exp.datasets, exp.variants, ["sm_80"], static=static(), sass=sass())
     assert set(pred["constants"]) == {"calibrated"}
     cmp = C.compare_to_measured(pred, load_run(run.path))
@@ -226,25 +351,6 @@ def test_a_stored_calibration_out_of_its_range_is_refused_with_its_path(tmp_path
         load_calibration("sm_80")
 
 
-def test_cli_predict_json_and_table(tmp_path, monkeypatch):
-    # no compile: fast and cache-free
-    monkeypatch.setattr(pipeline, "code_facts", lambda v, a, D, *r, **k: pipeline.CodeFacts(D, static(), sass()))
-    toml = tmp_path / "tiny.toml"
-    toml.write_text('name = "tiny"\ndatasets = ["high", "random"]\nvariants = ["torch", "base", "rpf", "warp"]\n'
-                    'archs = ["sm_80"]\n[workload]\nT = 2\nE = 50000\nB = 256\nL = "20"\nbatches = 2\n')
-    res = CliRunner().invoke(group(), ["predict", str(toml), "--arch", "sm_80,h200", "--json"])
-    assert res.exit_code == 0, res.output
-    rows = json.loads(res.output)
-    assert len(rows) == 2 * 4 * 2 and all(set(r) == set(PREDICT_KEYS) for r in rows)
-    assert {r["gpu"] for r in rows} == {"a100-80gb", "h200"}
-    table = CliRunner().invoke(group(), ["predict", str(toml)])
-    assert table.exit_code == 0 and "speedup_vs_base" in table.output and "modelled as base" in table.output
-    bad = CliRunner().invoke(group(), ["predict", str(toml), "--arch", "sm_70"])
-    assert bad.exit_code == 2 and "sm_70" in bad.output and "Traceback" not in bad.output
-    missing = CliRunner().invoke(group(), ["calibrate", str(tmp_path / "nowhere")])
-    assert missing.exit_code == 8 and "no such run directory" in missing.output
-
-
 def test_paper_claims_table():
     claims = CL.paper_claims(WorkloadConfig(batches=2), static=static(), sass=sass())
     assert list(claims.columns[:4]) == ["claim", "paper", "model", "agrees"] and len(claims) == 4
@@ -252,32 +358,25 @@ def test_paper_claims_table():
     assert claims["gpu"].iloc[0] == "a100-80gb"
 
 
-def test_every_prediction_carries_a_band_around_it():
+def test_every_prediction_carries_a_band_and_the_models_record():
     df = MP.predict(SMALL, ["random", "high"], VARIANTS, ["sm_80", "sm_90"], static=static(), sass=sass())
     assert (df["time_us_low"] <= df["time_us"] + 1e-9).all() and (df["time_us"] <= df["time_us_high"] + 1e-9).all()
     assert (df["time_us_high"] > df["time_us_low"]).all()
     fast, slow = ModelConstants.defaults(gpu_spec("sm_80")).band()
     assert fast.dram_latency_ns < slow.dram_latency_ns and fast.hbm_efficiency > slow.hbm_efficiency
+    assert (df["validated_n"] >= 10).all() and df["validated_gmae_pct"].between(0.1, 50).all()
 
 
 # ------------------------------------------------------------------- precision
-def _with_dtype(df: pd.DataFrame, dtype: str) -> pd.DataFrame:
-    return df.assign(dtype=dtype)
-
-
-def test_rows_carry_the_dtype_and_bytes_per_row_follow_it():
+def test_rows_carry_the_dtype_and_bytes_follow_it():
     frames = {}
-    for dtype in ("fp32", "fp16", "bf16", "int8", "int8h"):
+    for dtype in ("fp32", "fp16", "int8"):
         wl = SMALL.replace(dtype=dtype)
-        frames[dtype] = MP.predict(wl, ["random"], ["base", "warp"], ["sm_80"],
-                                   static=_with_dtype(static(), dtype), sass=_with_dtype(sass(), dtype))
+        frames[dtype] = MP.predict(wl, ["random"], ["base", "warp"], ["sm_80"], static=static(), sass=sass())
         assert set(frames[dtype]["dtype"]) == {dtype}
     base = {d: f[f.variant == "base"].iloc[0] for d, f in frames.items()}
-    # a warp-level load of the chunk kernels covers 32 elements of the dtype
-    assert [int(base[d].bytes_per_load) for d in ("fp32", "fp16", "int8")] == [128, 64, 32]
-    # random lookups are DRAM-bound on row bytes: fewer bytes per row, less DRAM traffic
+    # random lookups read every row from DRAM: fewer bytes per row, less DRAM traffic
     assert base["fp32"].dram_bytes > base["fp16"].dram_bytes > base["int8"].dram_bytes
-    assert base["int8h"].dram_bytes <= base["int8"].dram_bytes
 
 
 def test_sectors_per_row_include_the_int8_scale_and_bias():
@@ -287,28 +386,10 @@ def test_sectors_per_row_include_the_int8_scale_and_bias():
 
 
 def test_the_model_uses_only_the_workloads_dtype_rows():
-    both = pd.concat([_with_dtype(static(), "fp32"), _with_dtype(static({"sm_80": dict(base=1)}), "fp16")])
-    sa = pd.concat([_with_dtype(sass(), "fp32"), _with_dtype(sass(), "fp16")])
-    r16 = MP.predict(SMALL.replace(dtype="fp16"), ["random"], ["base"], ["sm_80"], static=both, sass=sa).iloc[0]
-    r32 = MP.predict(SMALL, ["random"], ["base"], ["sm_80"], static=both, sass=sa).iloc[0]
+    s = static()
+    s.loc[(s["dtype"] == "fp16") & (s["variant"] == "base"), "registers"] = 255
+    r16 = MP.predict(SMALL.replace(dtype="fp16"), ["random"], ["base"], ["sm_80"], static=s, sass=sass()).iloc[0]
+    r32 = MP.predict(SMALL, ["random"], ["base"], ["sm_80"], static=s, sass=sass()).iloc[0]
     assert r16.blocks_per_sm == 1 and r32.blocks_per_sm == 4
-    with pytest.raises(ConfigError, match="int8"):
-        MP.predict(SMALL.replace(dtype="int8"), ["random"], ["base"], ["sm_80"], static=both, sass=sa)
-
-
-def test_a_pinned_row_hits_with_a_calibratable_probability_not_for_certain():
-    from characterize.analysis.model.constants import BOUNDS, FIT_DEFAULT
-
-    gpu = gpu_spec("a100-80gb")
-    base = ModelConstants.defaults(gpu)
-    assert base.pinned_hit == gpu.pinned_hit_probability < 1.0 and "pinned_hit" in FIT_DEFAULT
-    assert BOUNDS["pinned_hit"][1] == 1.0
-    hits = {}
-    for p in (0.5, base.pinned_hit, 1.0):
-        df = MP.predict(SMALL, ["medium"], ["l2p"], [gpu], static=static(), sass=sass(), params={"l2p": {"K": 300}},
-                        constants=base.replace(pinned_hit=p))
-        hits[p] = float(df["l2_hit_rate_pct"].iloc[0])
-    assert hits[0.5] < hits[base.pinned_hit] < hits[1.0]
-    # a calibration stored before the constant existed still loads, with the default
-    old = {k: v for k, v in base.to_dict().items() if k != "pinned_hit"}
-    assert ModelConstants.from_dict(old).pinned_hit == gpu.pinned_hit_probability
+    with pytest.raises(ConfigError, match="bf16"):
+        MP.predict(SMALL.replace(dtype="bf16"), ["random"], ["base"], ["sm_80"], static=s, sass=sass())

@@ -18,6 +18,7 @@ from characterize.cli import main
 from characterize.cli.base import TerminalReporter, format_table
 from characterize.kernels.build import BuildSpec, BuildTally, build_many
 from characterize.progress import Lines, Quiet, as_reporter
+from tests.analysis.test_model import sass, static
 
 ROOT = Path(__file__).resolve().parents[2]
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -271,15 +272,11 @@ def test_the_locality_step_counts_datasets_and_failures(tmp_path):
 
 
 def test_predictions_advance_once_per_dataset(monkeypatch):
-    import pandas as pd
 
     from characterize import pipeline
 
     exp = pipeline.load_experiment("quick")
-    rows = [{"variant": v, "arch": "sm_80", "role": "lookup", "sweep": False, "blocks_per_sm": 4, "registers": 54,
-             "latencies_per_iteration": 4.8, "lookups_per_iteration": 4, "rows_in_flight": 0.83,
-             "instructions_per_lookup": 32.0} for v in ("base", *exp.variants)]
-    code = pipeline.CodeFacts(exp.workload.D, pd.DataFrame(rows), pd.DataFrame(rows))
+    code = pipeline.CodeFacts(exp.workload.D, static(), sass())   # the committed run's real facts
     rec = _Recorder()
     df = pipeline.predict(exp, ["sm_80"], code=code, progress=rec)
     (task,) = rec.tasks

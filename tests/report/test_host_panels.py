@@ -32,7 +32,7 @@ def run_with(tmp: Path, predictions: pd.DataFrame) -> Path:
 def predictions(dtypes=("fp32", "fp16", "int8"), ratios=(0.002, 0.015, 0.2)) -> pd.DataFrame:
     """Real model rows (fixed static and SASS tables): each dtype, and cache + uvm at several sizes."""
     frames = [MP.predict(WL.replace(dtype=dt), ["medium", "low"], ["base", "rpf", "cache", "uvm"], ["sm_80"],
-                         static=static().assign(dtype=dt), sass=sass().assign(dtype=dt), cache_ratios=list(ratios))
+                         static=static(), sass=sass(), cache_ratios=list(ratios))
               for dt in dtypes]
     return pd.concat(frames, ignore_index=True)
 

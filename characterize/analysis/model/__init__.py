@@ -1,74 +1,78 @@
-"""Analysis stage, the model: kernel time, L2 hit rate and memory traffic of every variant on any GPU
-in the spec table, predicted from the trace and the static characterization alone,
-with a handful of constants that a measured run can calibrate.
+"""Analysis stage, the model: kernel time, L2 hit rate and memory traffic of every variant
+(ours, PyTorch's, FBGEMM's, a user's) on any GPU in the spec table, predicted from the
+trace and each kernel's machine code alone, with a handful of constants inside their
+published ranges, validated against public measurements (analysis.validation).
 
-Per table launch (B bags, N lookups, L = N/B per bag, rows of R bytes covering s
-32-byte sectors, R_s = 32 s):
+Per launch (B bags and N lookups per table, T_l tables per launch: 1, or T for a kernel
+covering every table at once; rows of R bytes covering s 32-byte sectors, R_s = 32 s;
+S bytes streamed through L2 per lookup besides rows: its index, offset2bag where the
+kernel writes it, and its share of offsets and outputs):
 
-Locality, computed once per dataset and shared by every variant and GPU
+Locality, computed once per dataset and shared by every variant, GPU and constant set
   d_i   reuse distance of lookup i in its table's own multi-batch trace (distinct rows
         read since the previous read of the same row; workloads.reuse_distances)
-  k_i   batch boundaries crossed since that previous read
+  g_i   lookups since that previous read; k_i batch boundaries crossed
   U     distinct rows per launch
-  The T tables are launched in turn, so each boundary brings T-1 other launches of U
-  distinct rows each: d*_i = d_i + k_i (T-1) U (cold mode, L2 flushed before every
-  launch: d*_i = inf when k_i > 0). Batch 0 is warm-up (it has no history); hit rates
-  are scored over the later batches.
-  L2 = a fully associative LRU of C2 = f L2_bytes / R_s rows: h2 = P(d* < C2). The real
-  L2 is sectored, set-associative and split in two partitions that each hold a copy
-  of lines read from both sides; f (l2_capacity_factor, default from GpuSpec) is the
-  fraction of it that behaves like the ideal LRU.
-  l2p/combined: the K_r = min(K, rows the trace reads, persisting budget / R_s)
-  hottest rows (by frequency over the table's trace, as the runner picks them) are
-  prefetched with evict_last before each launch: they hit. The other lookups compete,
-  with their own distances d*_c over the non-hot substream, for
-  C2' = f (L2_bytes - K_r R_s) / R_s rows:  h2 = p_hot + (1 - p_hot) P(d*_c < C2').
-  l2w: nothing is prefetched; hot rows become persisting on use and the carve-out of
-  K_r rows is re-aimed at each table, so a hot lookup is kept when its distance among
-  hot rows d*_h < K_r (a first read per launch is not, unless the hot sets of all T
-  tables fit); a hot lookup not kept competes in C2' with its full distance d*. The
-  other lookups as for l2p. (So l2w can lose to plain L2 in steady state.)
-  L1 (per SM, invalidated between kernels): the lookups of the bags one SM runs
-  (blocks dealt round-robin), reuse within the launch against C1 = L1_data / R_s rows:
-  l1. A lookup is served by L1 (phi1 = l1), L2 (phi2 = max(h2 - l1, 0)) or DRAM
-  (phiD = 1 - max(h2, l1)); l2_hit_rate_pct = phi2 / (phi2 + phiD), the rate of row
-  requests reaching L2.
+  The L2 holds, between two reads of a row, every distinct row read in between and
+  every byte streamed meanwhile; the T tables run in turn, so each boundary brings T-1
+  other launches: b_i = d_i R_s + g_i S + k_i (T-1) (U R_s + (N/T_l) S) bytes (cold
+  mode, L2 flushed before every launch: b_i = inf when k_i > 0). A lookup hits when
+  b_i < f L2_bytes (f: l2_capacity_factor, the share of the sectored, set-associative,
+  two-partition L2 that behaves like an ideal LRU). Batch 0 is warm-up.
+  l2p/combined with a persisting set-aside: the K_r hottest rows (as the runner picks
+  them) are pinned; a pinned row keeps its priority with probability p (pinned_hit),
+  else it competes as the l2w window's rows do; the other rows compete in the rest of
+  L2. Without a set-aside (cudaLimitPersistingL2CacheSize unset) the pre-pass only warms
+  L2: a hot row's first read in a launch finds it as if last read at the pre-pass, the
+  hot rows prefetched after it and what the launch streamed so far lying in between.
+  l2w: the carve-out of K_r rows is re-aimed at each table; a hot lookup is kept when its
+  distance among hot rows is below K_r, otherwise it competes with its full distance.
+  L1 (per SM, invalidated between kernels): the lookups of the bags one SM runs (blocks
+  dealt round-robin) against L1_data / R_s rows. A lookup is served by L1 (phi1), L2
+  (phi2 = max(h2 - phi1, 0)) or DRAM (phiD = 1 - max(h2, phi1)).
 
-Latency (lambda1, lambda2, lambdaD: L1, L2, DRAM load-to-use), from the code itself
-  The hot loop of each kernel is read from its SASS (kernels.sass): the in-order replay
-  gives the memory latencies a warp serializes per iteration (a), the lookups one
-  iteration gathers (n) and the row loads it keeps in flight (U). Nothing is assumed
-  from a variant's name: a "prefetching" kernel whose compiled loop waits on every row
-  is modelled as waiting on every row. One wait covers U rows and lasts as long as the
-  slowest of them:
+Latency: what each warp waits for, read from the code (kernels.sass, kernels.peers)
+  A task is a warp's unit of work: a (bag, chunk of features) for a thread per feature,
+  32 / lanes_per_bag bags for lanes sharing a bag. The loop nest of the kernel's SASS is
+  replayed for bags of 1..256 lookups: the row latencies a task waits (index tiles, the
+  bag's offsets, bounds checks, the output store and its rows, as the code orders them)
+  and the instructions it issues; the trace's own bag lengths pick the mean over its
+  bags. One wait covers the U rows the hot loop keeps in flight and lasts as long as
+  the slowest of them:
       E[max] = lambda1 phi1^U + lambda2 ((phi1+phi2)^U - phi1^U) + lambdaD (1 - (phi1+phi2)^U)
-  (U = 1: t_row = phi1 lambda1 + phi2 lambda2 + phiD lambdaD), so a lookup costs
-      step = (a / n) E[max].
-  Thread per (bag, feature) kernels (base, optmt, l2p, l2w, rpf, combined; torch is
-  modelled as base): a warp's task, one (bag, 32-feature chunk), takes L step; base
-  issues the next index load before it waits on the current row, which a (about 1.2
-  latencies per lookup) carries.
-  warp: per tile of G indices one coalesced index load (lambdaD), then the rows of the
-  warp's 32/G bags: tiles lambdaD + L (32/G) step.
-  Blocks carry equal work, so they run in waves: waves = ceil(blocks with work /
-  (blocks_per_sm SMs)), rounds = tasks per warp, and t_lat = waves rounds task.
-  Issue: the hot loop's instructions per lookup (SASS) x the warps a lookup needs
-  (chunks, or 1 for warp), over four schedulers per SM at the boost clock.
+  so a task takes latencies x E[max]. Nothing is taken from a variant's name.
+  Scheduling: SMs take a new block as soon as one retires, so the tasks spread over
+  every resident warp (occupancy from registers, shared memory and block size, ptxas's
+  or cuobjdump's): t_lat = max(tasks x task / resident warps, task x rounds of the
+  busiest warp); only the tail of the last wave runs partial, and one more resident
+  block is a gain of its own, not a step to the next whole wave.
+  Issue: tasks x instructions per task over four schedulers per SM at the boost clock.
 
 Bandwidth
-  DRAM bytes = N phiD R_s + N 8 (indices, streamed once) + B 8 (offsets) + B R (output)
-               + N 8 (offset2bag) + B 8 (bag sizes)
-  L2 bytes   = N (1 - phi1) R_s + the same streams
-  L1 bytes   = 128-byte wavefronts issued (row loads and index loads)
-  time = max(t_lat, DRAM / (eta BW_hbm), L2 / BW_l2, L1 / BW_l1, issue) + t_launch; `bound`
-  names the largest term. The l2p pre-pass (K rows from DRAM) is reported apart, in
-  prepass_us, as the paper and the runner report it.
+  DRAM reads  = N phiD R_s (random gathers of s contiguous bytes per warp request, at
+                eta BW_hbm s / (s + s0): a request pays a fixed cost beside its
+                transfer) + N 8 + B 8 (indices and offsets, streamed at eta BW_hbm)
+  DRAM writes = B D out_bytes (+ N 8 + B 8 where offset2bag and bag sizes are written),
+                at w BW_hbm (write_efficiency): at L=1 they are most of the traffic
+  L2 bytes    = N (1 - phi1) R_s + the streams;  L1 bytes: 128-byte wavefronts issued
+  uvm (zero-copy, the default): rows read in place over the host link at its bandwidth,
+  with its round trip added to the DRAM latency; migrate=1 models faults and page
+  migrations instead. cache: its per-batch dedup, transfer and lookup (model.host).
 
-Constants (ModelConstants): lambda1, lambda2, lambdaD, f, eta and t_launch per GPU,
-defaults from hardware.GpuSpec (with sources there); `calibrate()` fits them to a
-measured run by least squares on log time (and on L2 hit rates where ncu measured
-them with --cache-control none) and stores them per GPU; predictions use them when
-present (column `constants`). time_us_low and time_us_high evaluate the same
-equations at the fast and slow ends of each constant's published range
-(constants.BAND).
+Time
+  The terms (latency, DRAM, L2, L1, issue) contend for the same warps, schedulers and
+  memory system: they combine as a k-norm, (sum t^k)^(1/k) with k = overlap (1 adds
+  them, a large k is the roofline's max), plus t_launch. `bound` names the largest.
+  floor_us: every distinct row once, the streams and the writes at peak bandwidth; no
+  prediction or band edge goes below it. A row says how many tables its time covers
+  (tables_per_launch); batch_us is a whole batch of T tables, and speedups over base,
+  torch and fbgemm compare batches. The l2p pre-pass is reported apart (prepass_us).
+
+Constants (ModelConstants): lambda1, lambda2, lambdaD, f, eta, t_launch, p, w, k, s0,
+defaults from hardware.GpuSpec (sources there) or published ranges (constants.BAND);
+`calibrate()` fits them to a measured run and stores them per GPU. time_us_low and
+time_us_high span the constants' ranges and the model's own error on the public
+corpus under leave-one-source-out cross-validation (validation_error.model_error), so
+that at least 80% of the held-out measurements fall inside; validated_n and
+validated_gmae_pct say how well it did.
 """

@@ -33,6 +33,9 @@ class ModelConstants:
     hbm_efficiency: float       # eta: achievable fraction of peak DRAM bandwidth
     launch_overhead_us: float
     pinned_hit: float = GpuSpec.pinned_hit_probability  # a row pinned in the persisting set-aside hits
+    write_efficiency: float = 0.9   # achievable fraction of peak DRAM bandwidth for streamed writes (the output)
+    overlap: float = 2.0            # k: how the time terms combine, (sum of t_i^k)^(1/k) (large k: the largest)
+    request_overhead_bytes: float = 32.0  # s0: a random read of s contiguous bytes runs at s / (s + s0) of the rate
 
     @classmethod
     def defaults(cls, gpu: GpuSpec) -> "ModelConstants":
@@ -79,11 +82,12 @@ BAND: dict[str, tuple[float, float]] = {
     "hbm_efficiency": (0.88, 1.08),
     "launch_overhead_us": (0.67, 1.33),
     "pinned_hit": (0.89, 1.12),
+    "write_efficiency": (0.9, 1.08),
 }
 #: constants whose larger values make a kernel faster (the band's fast end takes the top)
-FASTER_WHEN_LARGER = frozenset({"l2_capacity_factor", "hbm_efficiency", "pinned_hit"})
+FASTER_WHEN_LARGER = frozenset({"l2_capacity_factor", "hbm_efficiency", "pinned_hit", "write_efficiency"})
 #: constants added after calibrations were first stored: a stored set without them keeps the default
-OPTIONAL = frozenset({"pinned_hit"})
+OPTIONAL = frozenset({"pinned_hit", "write_efficiency", "overlap", "request_overhead_bytes"})
 
 
 #: the range calibrate() keeps each constant in
@@ -95,6 +99,9 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "hbm_efficiency": (0.2, 1.0),
     "launch_overhead_us": (0.3, 30.0),
     "pinned_hit": (0.3, 1.0),
+    "write_efficiency": (0.3, 1.0),
+    "overlap": (1.0, 16.0),
+    "request_overhead_bytes": (0.0, 256.0),
 }
 FIT_DEFAULT = tuple(BOUNDS)
 

@@ -1,6 +1,7 @@
-"""Analysis stage, model geometry: what one table launch of a variant looks like on a GPU (bags, warps,
-waves), from the variant's shape and the static characterization, and what each warp
-does per lookup (latencies serialized, rows in flight, instructions), from its SASS.
+"""Analysis stage, model geometry: what one launch of a variant looks like on a GPU (tasks,
+blocks, resident warps, how many tables it covers) and what each task costs in
+latencies and instructions, from the kernel's facts (model.kernels) and the trace's
+own bag lengths.
 """
 
 from __future__ import annotations
@@ -13,135 +14,120 @@ import pandas as pd
 
 from characterize.analysis.model.constants import SECTOR
 from characterize.analysis.model.host import HostProfile
+from characterize.analysis.model.kernels import PERSISTENT, KernelFacts, ours, peer, peer_dtype
 from characterize.analysis.model.locality import TraceProfile, sectors_per_row
-from characterize.config import DTYPES, WorkloadConfig
-from characterize.errors import ConfigError
+from characterize.config import INDEX_BYTES, WorkloadConfig
+from characterize.errors import ConfigError, UnsupportedShape
 from characterize.hardware.specs import UVM_PAGE_BYTES, GpuSpec
-from characterize.kernels.registry import (
-    Variant,
-    default_cache_rows,
-    get_variant,
-    vector_elems,
-    warp_group,
-)
+from characterize.kernels.registry import Variant, default_cache_rows, get_variant
 from characterize.progress import Progress
 
 
 # ------------------------------------------------------------- kernel shapes
 @dataclass(frozen=True)
 class _Point:
-    """One (variant, dataset, GPU): everything that does not depend on the constants."""
+    """One (variant, dataset, GPU, mode): everything that does not depend on the constants."""
 
     variant: str
     dataset: str
     gpu: GpuSpec
-    family: str             # chunk (thread per bag x feature) | warp (sub-warp per bag)
+    kernel: KernelFacts
     l2: str                 # none | prefetch | window
-    rows_per_step: int      # U (warp family)
-    latencies_per_lookup: float   # memory latencies a warp serializes per lookup (SASS replay)
-    sass_rows_in_flight: float    # row loads a warp keeps in flight (SASS replay)
-    instructions_per_lookup: float  # hot-loop instructions a warp issues per lookup (SASS)
-    blocks_per_sm: int
-    registers: int
-    warps_per_block: int
-    blocks: int             # blocks that have work
-    rounds: int             # tasks per warp
-    lookups: float          # N per launch
-    bags: int
-    per_bag: float          # L
+    set_aside: bool         # prefetch: pinned rows inside a persisting-L2 set-aside (else a warm start only)
+    tables: int             # T
+    tables_per_launch: int  # 1, or T for a kernel covering every table in one launch
+    lookups: float          # N per table per batch
+    bags: int               # B per table
     row_bytes: int
     row_sector_bytes: float
-    chunks: int             # 32-feature chunks per bag (chunk family)
-    group: int              # lanes per bag (warp family)
-    bytes_per_load: int     # per warp-level row load
-    pinned_rows: int        # K_r: hot rows resident (0 without pinning)
+    tasks: float            # warp tasks of one launch
+    blocks: int             # blocks launched
+    warps_per_block: int
+    slots: int              # blocks resident on the whole GPU at once
+    task_latencies: float   # mean row latencies a task waits (nest replay at the trace's bag lengths)
+    task_instructions: float  # mean instructions a task issues
+    stream_bytes: float     # bytes per lookup streamed through L2 besides rows: indices, offsets, outputs
+    read_stream_bytes: float   # per launch: indices and offsets read
+    write_bytes: float      # per launch: output (and offset2bag, bag sizes) written
+    pinned_rows: int        # K_r: hot rows inside the set-aside (0 without pinning)
     prepass_rows: int       # hot rows the pre-pass prefetches (l2p/combined): K, at most the rows the trace reads
     profile: TraceProfile
     mode: str               # steady | cold
     l1: np.ndarray          # sorted L1 distances
     note: str = ""
-    dtype: str = "fp32"     # table element type (row_bytes includes an int8 row's scale and bias)
+    dtype: str = "fp32"
     host: str = "none"      # none | cache | uvm: where the table lives (kernels.registry.Variant.host)
+    uvm_mode: str = "zero-copy"   # uvm: read in place over the link, or pages migrated on faults
     cache_rows: int = 0     # cache: C
     cache_ratio: float = float("nan")  # cache: C / E; uvm: the share of the table GPU memory can hold
     uvm_pages: float = 0.0  # uvm: pages of this table GPU memory holds
     host_profile: HostProfile | None = None
 
     @property
-    def waves(self) -> int:
-        return -(-self.blocks // max(1, self.blocks_per_sm * self.gpu.sm_count))
+    def launches(self) -> int:
+        """Launches one batch of all T tables takes."""
+        return max(1, self.tables // self.tables_per_launch)
 
     @property
     def resident_warps(self) -> int:
         """Warps resident per SM: the occupancy limit, or fewer when the work runs out."""
-        return min(self.blocks_per_sm, -(-self.blocks // self.gpu.sm_count)) * self.warps_per_block
+        return min(self.kernel.blocks_per_sm, -(-self.blocks // self.gpu.sm_count)) * self.warps_per_block
+
+    @property
+    def waves(self) -> float:
+        """Blocks over the blocks resident at once: SMs take a new block as one retires,
+        so a fraction of a wave costs a fraction of one (only the tail runs partial)."""
+        return self.blocks / max(1, self.slots)
 
     @property
     def rows_in_flight(self) -> float:
-        """Independent row loads a warp keeps in flight, as the SASS replay counts them."""
-        return self.sass_rows_in_flight
+        return self.kernel.rows_in_flight
 
 
-def _geometry(v: Variant, wl: WorkloadConfig, bags: int) -> dict[str, Any]:
-    """Launch geometry of the lookup kernel as the launchers in embedding_bag.cu set it."""
-    warps_per_block = v.block_size // 32
-    if v.name == "warp":
-        group = warp_group(wl.D, wl.dtype)
-        per_lane = -(-(wl.D // vector_elems(wl.dtype)) // group)
-        vec = next((x for x in (1, 2, 4, 8) if per_lane <= x), 8)   # 16-byte vectors per lane; U = 8 / V
-        bags_per_block = warps_per_block * (32 // group)
-        blocks = -(-bags // bags_per_block)
-        return dict(family="warp", chunks=1, group=group, rows_per_step=8 // vec, warps_per_block=warps_per_block,
-                    blocks=blocks, rounds=1, bytes_per_load=wl.row_bytes * (32 // group),
-                    block_num=1, block_den=bags_per_block)
-    chunks = -(-wl.D // v.block[0])
-    tasks = bags * chunks
-    grid = v.grid or -(-tasks // warps_per_block)
-    blocks = min(grid, -(-tasks // warps_per_block))
-    rounds = -(-tasks // (grid * warps_per_block))
-    return dict(family="chunk", chunks=chunks, group=32, rows_per_step=1, warps_per_block=warps_per_block,
-                blocks=blocks, rounds=rounds, bytes_per_load=min(v.block[0], wl.D) * DTYPES[wl.dtype].element_bytes,
-                block_num=chunks, block_den=warps_per_block)
+def per_bag(samples: Mapping[Any, float], lengths: np.ndarray) -> np.ndarray:
+    """A per-task figure sampled at a few bag lengths (kernels.sass.NEST_L), at each of
+    `lengths`: linear between samples, the last slope beyond, proportional below the
+    first."""
+    pts = sorted((float(k), float(v)) for k, v in samples.items())
+    if not pts:
+        return np.zeros_like(lengths, dtype=np.float64)
+    xs, ys = np.array([p[0] for p in pts]), np.array([p[1] for p in pts])
+    out = np.interp(lengths, xs, ys)
+    if len(xs) > 1:
+        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+        beyond = lengths > xs[-1]
+        out[beyond] = ys[-1] + slope * (lengths[beyond] - xs[-1])
+    below = lengths < xs[0]
+    out[below] = ys[0] * lengths[below] / xs[0] if xs[0] > 0 else ys[0]
+    return np.maximum(out, 0.0)
 
 
-def _of_dtype(df: pd.DataFrame, dtype: str, what: str) -> pd.DataFrame:
-    """The rows of one dtype's build (rows without a dtype column are fp32 builds)."""
-    dtypes = df["dtype"].astype(object).fillna("fp32") if "dtype" in df.columns else pd.Series("fp32", df.index)
-    have = set(dtypes)
-    if dtype not in have:
-        raise ConfigError(f"the {what} rows are for {', '.join(sorted(have))}, not {dtype}; characterize the "
-                          f"{dtype} build (`characterize build --dtype {dtype}`, `characterize sass --dtype {dtype}`)")
-    return df[dtypes == dtype]
-
-
-def _static_table(static: Any, dtype: str = "fp32") -> dict[tuple[str, str], tuple[int, int]]:
-    """(variant, arch) -> (blocks per SM, registers) of each lookup kernel as configured."""
-    df = pd.DataFrame([r.to_dict() for r in static]) if isinstance(static, list) else pd.DataFrame(static)
-    df = _of_dtype(df, dtype, "static") if not df.empty else df
-    need = {"variant", "arch", "blocks_per_sm", "registers"}
-    if df.empty or not need <= set(df.columns):
-        raise ConfigError(f"static rows need columns {', '.join(sorted(need))}")
-    if "role" in df.columns:
-        df = df[df["role"] == "lookup"]
-    if "sweep" in df.columns:
-        df = df[~df["sweep"].astype(str).str.lower().isin(["true", "1"])]
-    return {(r.variant, r.arch): (int(r.blocks_per_sm), int(r.registers)) for r in df.itertuples()}
-
-
-def _sass_table(sass: Any, dtype: str = "fp32") -> dict[tuple[str, str], tuple[float, float, float]]:
-    """(variant, arch) -> (latencies per lookup, rows in flight, instructions per lookup)
-    of each lookup kernel's hot loop."""
-    df = pd.DataFrame([r.to_dict() for r in sass]) if isinstance(sass, list) else pd.DataFrame(sass)
-    df = _of_dtype(df, dtype, "SASS") if not df.empty else df
-    need = {"variant", "arch", "latencies_per_iteration", "lookups_per_iteration", "rows_in_flight",
-            "instructions_per_lookup"}
-    if df.empty or not need <= set(df.columns):
-        raise ConfigError(f"SASS rows need columns {', '.join(sorted(need))}")
-    if "role" in df.columns:
-        df = df[df["role"] == "lookup"]
-    return {(r.variant, r.arch): (float(r.latencies_per_iteration) / max(1.0, float(r.lookups_per_iteration)),
-                                  float(r.rows_in_flight), float(r.instructions_per_lookup))
-            for r in df.itertuples()}
+def launch_shape(k: KernelFacts, gpu: GpuSpec, wl: WorkloadConfig, bags: int, tables_per_launch: int
+                 ) -> dict[str, Any]:
+    """Tasks, blocks and resident block slots of one launch, as the kernel's launcher
+    sizes it: a warp per (bag, chunk) or per 32 / lanes_per_bag bags; a fixed grid
+    striding over the tasks, a grid of one block per tasks' worth, or a persistent grid
+    of SMs x resident blocks."""
+    wpb = max(1, k.block_threads // 32)
+    bags_launch = bags * tables_per_launch
+    if k.work == "chunk":
+        chunks = -(-wl.D // k.chunk_features)
+        tasks = bags_launch * chunks
+        block_num, block_den = chunks, wpb
+    else:
+        per_warp = max(1, 32 // k.lanes_per_bag)
+        tasks = -(-bags_launch // per_warp)
+        block_num, block_den = 1, wpb * per_warp
+    needed = -(-tasks // wpb)
+    slots = k.blocks_per_sm * gpu.sm_count
+    if k.grid == PERSISTENT:
+        blocks = min(needed, slots)
+    elif k.grid > 0:
+        blocks = min(k.grid, needed)
+    else:
+        blocks = needed
+    return dict(tasks=float(tasks), blocks=int(max(1, blocks)), warps_per_block=wpb, slots=int(max(1, slots)),
+                block_num=block_num, block_den=block_den)
 
 
 def _host_layouts(v: Variant, workload: WorkloadConfig, gpu: GpuSpec, given: dict[str, Any] | None,
@@ -160,64 +146,122 @@ def _host_layouts(v: Variant, workload: WorkloadConfig, gpu: GpuSpec, given: dic
                 for C in dict.fromkeys(sizes)]
     overhead = workload.device_bytes() - (workload.T + 1) * workload.table_bytes
     share = max(0, gpu.memory_bytes - overhead) / workload.T
-    return [dict(uvm_pages=share / UVM_PAGE_BYTES, cache_ratio=min(1.0, share / workload.table_bytes))]
+    return [dict(uvm_pages=share / UVM_PAGE_BYTES, cache_ratio=min(1.0, share / workload.table_bytes),
+                 uvm_mode="migrate" if int((given or {}).get("migrate", 0)) else "zero-copy")]
+
+
+def _frame(rows: Any) -> pd.DataFrame:
+    return pd.DataFrame([r.to_dict() for r in rows]) if isinstance(rows, list) else pd.DataFrame(rows)
+
+
+def _of_dtype(df: pd.DataFrame, dtype: str, what: str) -> pd.DataFrame:
+    """The rows of one dtype's build (rows without a dtype column are fp32 builds)."""
+    dtypes = df["dtype"].astype(object).fillna("fp32") if "dtype" in df.columns else pd.Series("fp32", df.index)
+    have = set(dtypes)
+    if dtype not in have:
+        raise ConfigError(f"the {what} rows are for {', '.join(sorted(have))}, not {dtype}; characterize the "
+                          f"{dtype} build (`characterize build --dtype {dtype}`, `characterize sass --dtype {dtype}`)")
+    return df[dtypes == dtype]
+
+
+def kernel_facts(v: Variant, gpu: GpuSpec, wl: WorkloadConfig, static: pd.DataFrame | None,
+                 sass: pd.DataFrame | None, custom: Mapping[str, KernelFacts] | None = None) -> KernelFacts:
+    """The facts the model uses for variant `v` on `gpu`: a user's kernel (`custom`),
+    a peer's (PyTorch's, FBGEMM's: kernels.peers), or ours (static and SASS rows)."""
+    if custom and v.name in custom:
+        return custom[v.name]
+    if v.peer:
+        return peer(v, gpu, wl)
+    if static is None or static.empty:
+        raise ConfigError("the model needs each variant's static characterization (registers, occupancy); "
+                          "pass static= rows (a run's static.csv), or call characterize.pipeline.predict, "
+                          "which compiles them")
+    if sass is None or sass.empty:
+        raise ConfigError("the model needs each variant's hot loop read from its SASS (rows in flight, "
+                          "instructions per lookup); pass sass= rows (a run's sass.csv), or call "
+                          "characterize.pipeline.predict, which disassembles the builds")
+    return ours(v, gpu, wl, _of_dtype(static, wl.dtype, "static"), _of_dtype(sass, wl.dtype, "SASS"))
 
 
 def _prepare(workload: WorkloadConfig, datasets: Sequence[str], variants: Sequence[str], gpus: Sequence[GpuSpec],
              params: Mapping[str, dict[str, Any]], static: Any, sass: Any, tables: int, mode: str,
-             profiles: dict[str, TraceProfile], progress: Progress | None,
-             cache_ratios: Sequence[float] | None = None) -> list[_Point]:
-    names = list(dict.fromkeys(["base", *variants]))
-    for v in names:
-        get_variant(v).check_shape(workload.D, workload.dtype)
-    if static is None:
-        raise ConfigError("the model needs each variant's static characterization (registers, occupancy); "
-                          "pass static= rows (a run's static.csv), or call characterize.pipeline.predict, "
-                          "which compiles them")
-    table = _static_table(static, workload.dtype)
-    if sass is None:
-        raise ConfigError("the model needs each variant's hot loop read from its SASS (rows in flight, "
-                          "instructions per lookup); pass sass= rows (a run's sass.csv), or call "
-                          "characterize.pipeline.predict, which disassembles the builds")
-    code = _sass_table(sass, workload.dtype)
+             profiles: dict[tuple, TraceProfile], progress: Progress | None,
+             cache_ratios: Sequence[float] | None = None, set_aside: bool = True,
+             custom: Mapping[str, KernelFacts] | None = None,
+             skipped: list[str] | None = None, with_base: bool = True,
+             optional: Sequence[str] = ()) -> list[_Point]:
+    """Every point to evaluate (base's too, the speedups' reference, unless `with_base`
+    is False). A variant whose kernel has no facts on a GPU (a peer without code for
+    it, a shape it refuses) is left out and said in `skipped`, instead of failing the
+    whole prediction; so is one of `optional` (a reference the caller did not ask for)
+    that refuses the workload's shape."""
+    names = list(dict.fromkeys(["base", *variants] if with_base else variants))
+    static_df = _frame(static) if static is not None else None
+    sass_df = _frame(sass) if sass is not None else None
     points = []
     hosts: dict[str, HostProfile] = {}   # one per dataset: replays shared by every GPU
+    facts: dict[tuple[str, str], KernelFacts] = {}
+    for name in list(names):
+        v = get_variant(name) if not (custom and name in custom) else None
+        if v is None:
+            continue
+        try:   # a peer is modelled with the kernel its users run for this precision (FBGEMM: int8 -> int8h)
+            v.check_shape(workload.D, peer_dtype(v.peer, workload.dtype) if v.peer else workload.dtype)
+        except UnsupportedShape as e:
+            if name not in optional or skipped is None:
+                raise
+            skipped.append(f"{name}: {e}")
+            names.remove(name)
     for ds in datasets:
-        if ds not in profiles:
+        key = (ds, workload.replace(dtype="fp32"), tables)   # the trace does not depend on the rows' dtype
+        if key not in profiles:
             if progress:
                 progress(f"model: reuse distances of {ds}")
-            profiles[ds] = TraceProfile(ds, workload, tables)
-        prof = profiles[ds]
-        per_bag = prof.lookups_per_launch / prof.bags
+            profiles[key] = TraceProfile(ds, workload, tables)
+        prof = profiles[key]
+        lengths = prof.bag_lengths
         for gpu in gpus:
             for name in names:
-                v = get_variant(name)
-                stand_in = name if v.compiled and v.host == "none" else "base"   # host variants run base's kernel
-                if (stand_in, gpu.arch) not in table:
-                    raise ConfigError(f"no static characterization of {stand_in} for {gpu.arch} ({workload.dtype})")
-                blocks_per_sm, registers = table[(stand_in, gpu.arch)]
-                if (stand_in, gpu.arch) not in code:
-                    raise ConfigError(f"no SASS analysis of {stand_in} for {gpu.arch} ({workload.dtype})")
-                lat_per_lookup, in_flight, per_lookup = code[(stand_in, gpu.arch)]
-                model_v = v if v.compiled else get_variant("base")
+                v = custom_variant(name, custom) if custom and name in custom else get_variant(name)
+                key = (name, gpu.key)
+                if key not in facts:
+                    try:
+                        facts[key] = kernel_facts(v, gpu, workload, static_df, sass_df, custom)
+                    except ConfigError as e:
+                        if name == "base" or skipped is None:
+                            raise
+                        skipped.append(f"{name} on {gpu.key}: {e}")
+                        continue
+                k = facts[key]
+                tpl = workload.T if k.tables_per_launch == "all" else 1
+                geo = launch_shape(k, gpu, workload, prof.bags, tpl)
+                lat = per_bag(k.bag_latencies, lengths)
+                ins = per_bag(k.bag_instructions, lengths)
+                task_lat, task_ins = float(lat.mean()), float(ins.mean())
                 p = v.resolve_params(params.get(name), gpu=gpu, row_bytes=workload.row_bytes, rows=workload.E)
-                geo = _geometry(model_v, workload, prof.bags)
                 rs = sectors_per_row(workload.row_bytes) * SECTOR
-                k = min(p.get("K", 0), prof.unique_rows) if v.l2 != "none" else 0
-                k_res = min(k, int(gpu.max_persisting_l2_bytes // rs))
+                N, B = prof.lookups_per_launch, prof.bags
+                out_bytes = B * workload.D * k.output_bytes
+                extra = (N + B) * INDEX_BYTES if k.offset2bag else 0.0
+                stream = INDEX_BYTES + (INDEX_BYTES if k.offset2bag else 0) + (out_bytes + B * INDEX_BYTES) / max(N, 1)
+                kk = min(p.get("K", 0), prof.unique_rows) if v.l2 != "none" else 0
+                aside = set_aside and v.l2 == "prefetch" and gpu.max_persisting_l2_bytes > 0
+                k_res = min(kk, int(gpu.max_persisting_l2_bytes // rs)) if (aside or v.l2 == "window") else 0
                 layouts = _host_layouts(v, workload, gpu, params.get(name), cache_ratios) if v.host != "none" else [{}]
                 host = hosts.setdefault(ds, HostProfile(prof)) if v.host != "none" else None
                 points.extend(_Point(
-                    variant=name, dataset=ds, gpu=gpu, family=geo["family"], l2=v.l2,
-                    rows_per_step=geo["rows_per_step"], latencies_per_lookup=lat_per_lookup,
-                    sass_rows_in_flight=in_flight, instructions_per_lookup=per_lookup, blocks_per_sm=blocks_per_sm, registers=registers,
-                    warps_per_block=geo["warps_per_block"], blocks=geo["blocks"], rounds=geo["rounds"],
-                    lookups=prof.lookups_per_launch, bags=prof.bags, per_bag=per_bag, row_bytes=workload.row_bytes,
-                    row_sector_bytes=rs, chunks=geo["chunks"], group=geo["group"], bytes_per_load=geo["bytes_per_load"],
-                    pinned_rows=k_res, prepass_rows=k if v.l2 == "prefetch" else 0, profile=prof, mode=mode,
-                    l1=prof.l1_distances(gpu.sm_count, geo["block_num"], geo["block_den"]),
-                    note=("" if v.compiled else "PyTorch's kernel, modelled as base (same algorithm and launch)"),
+                    variant=name, dataset=ds, gpu=gpu, kernel=k, l2=v.l2, set_aside=aside, tables=workload.T,
+                    tables_per_launch=tpl, lookups=N, bags=B, row_bytes=workload.row_bytes, row_sector_bytes=rs,
+                    tasks=geo["tasks"], blocks=geo["blocks"], warps_per_block=geo["warps_per_block"],
+                    slots=geo["slots"], task_latencies=task_lat, task_instructions=task_ins, stream_bytes=stream,
+                    read_stream_bytes=N * INDEX_BYTES + B * INDEX_BYTES, write_bytes=out_bytes + extra,
+                    pinned_rows=k_res, prepass_rows=kk if v.l2 == "prefetch" else 0, profile=prof, mode=mode,
+                    l1=prof.l1_distances(gpu.sm_count, geo["block_num"], geo["block_den"]), note=k.note,
                     dtype=workload.dtype, host=v.host, host_profile=host, **layout) for layout in layouts)
     return points
 
 
+def custom_variant(name: str, custom: Mapping[str, KernelFacts]) -> Variant:
+    """A registry-like variant for a user's kernel (bring your own: an experiment's
+    [variants.NAME] with binary and kernel)."""
+    return Variant(name, f"a user's kernel ({custom[name].source})")

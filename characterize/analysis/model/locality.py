@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from functools import lru_cache
 from typing import Callable
 
@@ -54,24 +55,36 @@ def _previous_read(idx: np.ndarray, rows: int) -> np.ndarray:
     return _previous_kernel()(np.ascontiguousarray(idx, dtype=np.int64), rows)
 
 
-def _hot_mask(indices: np.ndarray, rows: int, k: int) -> np.ndarray:
-    """Rows among the k most frequent of a trace (ties by row id): the set
-    kernels.hot_rows_by_frequency gives the runner, from a bincount instead of a sort."""
+def _hot_ranks(indices: np.ndarray, rows: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rows among the k most frequent of a trace (ties by row id: the set
+    kernels.hot_rows_by_frequency gives the runner, from a bincount instead of a sort),
+    and each row's rank among them (0: the hottest; k for the others)."""
     counts = np.bincount(indices, minlength=rows)
     seen = np.flatnonzero(counts)
     hot = seen[np.lexsort((seen, -counts[seen]))[:k]]
     mask = np.zeros(rows, dtype=bool)
     mask[hot] = True
-    return mask
+    rank = np.full(rows, k, dtype=np.int64)
+    rank[hot] = np.arange(hot.size)
+    return mask, rank
+
+
+def _hot_mask(indices: np.ndarray, rows: int, k: int) -> np.ndarray:
+    """Rows among the k most frequent of a trace (_hot_ranks)."""
+    return _hot_ranks(indices, rows, k)[0]
 
 
 @dataclass(frozen=True)
 class _Stream:
-    """Reuse of one lookup stream: per scored lookup, distance and batches crossed."""
+    """Reuse of one lookup stream: per scored lookup, distance, batches crossed, the
+    lookups since the previous read of its row, and its position in its launch."""
 
-    distances: np.ndarray   # float64, inf on a first read
+    distances: np.ndarray   # float64 distinct rows read since the previous read, inf on a first read
     crossed: np.ndarray     # int64 batch boundaries since the previous read
     unique_per_launch: float
+    gaps: np.ndarray = dataclass_field(default_factory=lambda: np.empty(0))   # lookups since the previous read
+    positions: np.ndarray = dataclass_field(default_factory=lambda: np.empty(0))  # index in the launch
+    per_launch: float = 0.0  # lookups per launch
 
     @classmethod
     def of(cls, idx: np.ndarray, batch: np.ndarray, rows: int) -> "_Stream":
@@ -82,10 +95,13 @@ class _Stream:
         prev = _previous_read(idx, rows)
         crossed = np.where(prev >= 0, batch - batch[np.maximum(prev, 0)], 0)
         d[prev < 0] = np.inf
+        gap = np.where(prev >= 0, np.arange(idx.size) - prev, np.inf).astype(np.float64)
         nb = int(batch.max()) + 1
+        starts = np.searchsorted(batch, np.arange(nb))
+        pos = (np.arange(idx.size) - starts[batch]).astype(np.float64)
         unique = np.count_nonzero((prev < 0) | (crossed > 0)) / nb   # first reads of each launch
         scored = batch >= 1 if nb > 1 else np.ones(idx.size, dtype=bool)
-        return cls(d[scored], crossed[scored], unique)
+        return cls(d[scored], crossed[scored], unique, gap[scored], pos[scored], idx.size / nb)
 
     def effective(self, tables: int, mode: str) -> np.ndarray:
         """Distances the shared L2 sees, in lookup order: T-1 other launches per boundary
@@ -93,6 +109,18 @@ class _Stream:
         if mode == "cold":
             return np.where(self.crossed > 0, np.inf, self.distances)
         return self.distances + self.crossed * (tables - 1) * self.unique_per_launch
+
+    def bytes_between(self, tables: int, mode: str, row_sector_bytes: float, stream_bytes: float) -> np.ndarray:
+        """What the L2 holds between two reads of a row, in bytes: the distinct rows read in
+        between (their sectors), every byte the kernel streams through L2 meanwhile (its
+        indices, offsets, output and offset2bag: `stream_bytes` per lookup), and per
+        batch boundary crossed the other T-1 tables' launches (their distinct rows and
+        streams); infinite across launches in cold mode (L2 flushed before each)."""
+        within = self.distances * row_sector_bytes + np.where(np.isfinite(self.gaps), self.gaps, 0.0) * stream_bytes
+        if mode == "cold":
+            return np.where(self.crossed > 0, np.inf, within)
+        launch = self.unique_per_launch * row_sector_bytes + self.per_launch * stream_bytes
+        return within + self.crossed * (tables - 1) * launch
 
 
 def _compact(traces: list[TableTrace], rows: int) -> tuple[list[TableTrace], int]:
@@ -134,8 +162,13 @@ class TraceProfile:
         self.unique_per_launch = float(np.mean([s.unique_per_launch for s in self._streams["all"]]))
         self.unique_rows = max(int(np.count_nonzero(np.bincount(tr.indices, minlength=self.rows)))
                                for tr in self._traces)   # the most rows a pre-pass can pin
+        lengths = np.concatenate([tr.lengths().reshape(tr.batches, -1)[1 if tr.batches > 1 else 0:].reshape(-1)
+                                  for tr in self._traces])
+        #: the scored bags' lengths (their distribution decides what each task costs)
+        self.bag_lengths = lengths.astype(np.float64)
         self._hot_fraction: dict[int, float] = {}
         self._hot_scored: dict[int, list[np.ndarray]] = {}
+        self._hot_rank: dict[int, list[np.ndarray]] = {}
         self._sorted: dict[tuple[str, str], np.ndarray] = {}
         self._window: dict[tuple[int, str], tuple[float, np.ndarray]] = {}
         self._l1: dict[tuple[int, int, int], np.ndarray] = {}
@@ -148,6 +181,34 @@ class TraceProfile:
         key = (subset, mode)
         if key not in self._sorted:
             self._sorted[key] = np.sort(np.concatenate([s.effective(self.T, mode) for s in self._streams[subset]]))
+        return self._sorted[key]
+
+    def byte_distances(self, mode: str, row_sector_bytes: float, stream_bytes: float,
+                       subset: str = "all") -> np.ndarray:
+        """Sorted L2 distances in bytes of the scored lookups (_Stream.bytes_between)."""
+        key = ("bytes", subset, mode, round(row_sector_bytes, 3), round(stream_bytes, 3))
+        if key not in self._sorted:
+            self._sorted[key] = np.sort(np.concatenate(
+                [s.bytes_between(self.T, mode, row_sector_bytes, stream_bytes) for s in self._streams[subset]]))
+        return self._sorted[key]
+
+    def warm_start(self, k: int, mode: str, row_sector_bytes: float, stream_bytes: float) -> np.ndarray:
+        """l2p without a set-aside: the pre-pass reads the k hottest rows just before each
+        launch, with no more priority than any line, so a hot row's first read in a launch
+        finds it as if last read at the pre-pass: the hot rows prefetched after it, and
+        what the launch has streamed and gathered so far, lie in between. Sorted byte
+        distances of the hot lookups (the others are as without the pre-pass)."""
+        key = ("warm", k, mode, round(row_sector_bytes, 3), round(stream_bytes, 3))
+        if key not in self._sorted:
+            self.pinned(k)
+            parts = []
+            for s, hot, rank in zip(self._streams["all"], self._hot_scored[k], self._hot_rank[k]):
+                d = s.bytes_between(self.T, mode, row_sector_bytes, stream_bytes)[hot]
+                first = (s.crossed[hot] > 0) | ~np.isfinite(s.distances[hot])
+                launch_rate = row_sector_bytes * self.unique_per_launch / max(s.per_launch, 1.0) + stream_bytes
+                since = (k - 1 - rank) * row_sector_bytes + s.positions[hot] * launch_rate
+                parts.append(np.where(first, since, d))
+            self._sorted[key] = np.sort(np.concatenate(parts)) if parts else np.empty(0)
         return self._sorted[key]
 
     def window(self, k: int, mode: str) -> tuple[float, np.ndarray]:
@@ -171,10 +232,13 @@ class TraceProfile:
         if k not in self._hot_fraction:
             hot_n, n = 0, 0
             self._streams[f"hot:{k}"], self._streams[f"cold:{k}"], self._hot_scored[k] = [], [], []
+            self._hot_rank[k] = []
             for tr, batch in zip(self._traces, self._batch):
-                hot = _hot_mask(tr.indices, self.rows, k)[tr.indices]
+                mask, rank_of = _hot_ranks(tr.indices, self.rows, k)
+                hot = mask[tr.indices]
                 scored = batch >= 1 if tr.batches > 1 else np.ones(hot.size, dtype=bool)
                 self._hot_scored[k].append(hot[scored])
+                self._hot_rank[k].append(rank_of[tr.indices][scored & hot].astype(np.float64))
                 hot_n += int(np.count_nonzero(hot & scored))
                 n += int(np.count_nonzero(scored))
                 for name, sel in ((f"hot:{k}", hot), (f"cold:{k}", ~hot)):

@@ -11,9 +11,12 @@ import pandas as pd
 from characterize.analysis.model.constants import MODES, ModelConstants, load_calibration
 from characterize.analysis.model.equations import _evaluate
 from characterize.analysis.model.geometry import _Point, _prepare
+from characterize.analysis.model.kernels import KernelFacts
+from characterize.analysis.model.validation_error import model_error
 from characterize.config import ExperimentConfig, WorkloadConfig
 from characterize.errors import ConfigError
 from characterize.hardware.specs import GpuSpec, gpu_spec
+from characterize.kernels.registry import VARIANTS
 from characterize.progress import Progress
 from characterize.rundir import artifact
 
@@ -21,27 +24,46 @@ from characterize.rundir import artifact
 COLUMNS = artifact("predictions").column_names
 
 
+#: the references every prediction is compared with: what the paper started from, what users run
+REFERENCES = ("base", "torch", "fbgemm")
+
+
 def _frame(points: Sequence[_Point], consts: Mapping[str, tuple[ModelConstants, str]],
            keep: Sequence[str]) -> pd.DataFrame:
+    error = model_error()
     rows = []
     for p in points:
         c, label = consts[p.gpu.key]
         fast, slow = c.band()
-        par = p.resident_warps * p.rows_in_flight
-        rows.append({"variant": p.variant, "dtype": p.dtype, "dataset": p.dataset, "arch": p.gpu.arch, "gpu": p.gpu.key,
-                     "mode": p.mode, "constants": label, "blocks_per_sm": p.blocks_per_sm,
-                     "registers": p.registers, "resident_warps": p.resident_warps, "loads_in_flight": p.rows_in_flight,
-                     "latencies_per_lookup": p.latencies_per_lookup,
-                     "instructions_per_lookup": p.instructions_per_lookup,
-                     "bytes_per_load": p.bytes_per_load, "parallelism": par,
-                     "bytes_in_flight_per_sm": par * p.bytes_per_load, "waves": p.waves,
-                     "pinned_rows": p.pinned_rows, "note": p.note, "cache_ratio": p.cache_ratio,
-                     "host_link": p.gpu.host_link if p.host != "none" else "", **_evaluate(p, c),
-                     "time_us_low": _evaluate(p, fast)["time_us"], "time_us_high": _evaluate(p, slow)["time_us"]})
+        out = _evaluate(p, c)
+        lo, hi = _evaluate(p, fast)["time_us"], _evaluate(p, slow)["time_us"]
+        t = out["time_us"]
+        if error is not None:   # the model's own error on public measurements, beside the constants' ranges
+            lo, hi = min(lo, t * error.low), max(hi, t * error.high)
+        lo = max(lo, out["floor_us"] + c.launch_overhead_us)
+        k = p.kernel
+        per_bag = p.lookups / max(p.bags, 1)   # a task gathers every lookup of its bag (or of 32 / lanes bags)
+        per_task = per_bag * (32 // max(1, k.lanes_per_bag) if k.work == "bag" else 1)
+        rows.append({"variant": p.variant, "dtype": p.dtype, "dataset": p.dataset, "arch": p.gpu.arch,
+                     "gpu": p.gpu.key, "mode": p.mode, "constants": label, "kernel_source": k.source,
+                     "code_arch": k.code_arch, "tables_per_launch": p.tables_per_launch,
+                     "blocks_per_sm": k.blocks_per_sm, "registers": k.registers, "resident_warps": p.resident_warps,
+                     "loads_in_flight": per_task / max(p.task_latencies, 1e-9),
+                     "latencies_per_lookup": p.task_latencies / max(per_task, 1e-9),
+                     "instructions_per_lookup": p.task_instructions / max(per_task, 1e-9),
+                     "waves": p.waves, "pinned_rows": p.pinned_rows, "note": p.note, "cache_ratio": p.cache_ratio,
+                     "host_link": p.gpu.host_link if p.host != "none" else "", **out,
+                     "time_us_low": lo, "time_us_high": hi,
+                     "time_per_table_us": t / p.tables_per_launch, "batch_us": t * p.launches,
+                     "validated_n": error.n if error else 0,
+                     "validated_gmae_pct": 100 * error.gmae if error else float("nan")})
     df = pd.DataFrame(rows)
-    base = df[df["variant"] == "base"].set_index(["dataset", "gpu"])["time_us"]
-    df["speedup_vs_base"] = [base[(d, g)] / t for d, g, t in zip(df["dataset"], df["gpu"], df["time_us"])]
-    return df[df["variant"].isin(keep)][COLUMNS].reset_index(drop=True)
+    for ref in REFERENCES:
+        col = f"speedup_vs_{ref}"
+        have = df[df["variant"] == ref].set_index(["dataset", "gpu"])["batch_us"] if not df.empty else pd.Series()
+        df[col] = [have[(d, g)] / t if (d, g) in have.index and t > 0 else float("nan")
+                   for d, g, t in zip(df["dataset"], df["gpu"], df["batch_us"])]
+    return df[df["variant"].isin(keep)].reindex(columns=COLUMNS).reset_index(drop=True)
 
 
 def _gpus(archs_or_gpus: Iterable[str | GpuSpec] | str | GpuSpec) -> list[GpuSpec]:
@@ -72,42 +94,64 @@ def predict(workload: WorkloadConfig, datasets: Sequence[str], variants: Sequenc
             archs_or_gpus: Iterable[str | GpuSpec] | str | GpuSpec, *,
             params: Mapping[str, dict[str, Any]] | None = None,
             constants: ModelConstants | Mapping[str, ModelConstants] | None = None, tables: int = 1,
-            mode: str = "steady", static: Any = None, sass: Any = None,
-            progress: Progress | None = None, cache_ratios: Sequence[float] | None = None) -> pd.DataFrame:
+            mode: str | Sequence[str] = "steady", static: Any = None, sass: Any = None,
+            progress: Progress | None = None, cache_ratios: Sequence[float] | None = None,
+            set_aside: bool = True, custom: Mapping[str, KernelFacts] | None = None,
+            profiles: dict | None = None) -> pd.DataFrame:
     """Predicted time, hit rates, traffic and the intermediate quantities, one row per
-    (variant, dataset, GPU).
+    (variant, dataset, GPU, mode); columns as characterize.rundir declares predictions.csv.
 
     `archs_or_gpus`: 'sm_80', 'h200', a driver name or GpuSpec objects. `params`:
     per-variant overrides ({'rpf': {'P': 4}}). `constants`: one ModelConstants for all
     GPUs or a dict by GPU key; by default a stored calibration, else GpuSpec defaults.
     `tables`: how many of each dataset's tables to analyze (generated tables share a
     distribution; a trace file may differ per table). `mode`: 'steady' (tables in
-    turn, as in production) or 'cold' (L2 flushed before each launch). `static` and
-    `sass`: the static characterization and SASS hot-loop rows of the variants (a
-    run's static.csv and sass.csv); the model never compiles. `cache_ratios`: cache
-    sizes as shares of E for the cache variant, one row each (C = ratio x E); its rows
-    carry cache_ratio, cache_rows, cache_hit_rate_pct (of the unique rows of a batch),
-    host_bytes (per launch) and the time split dedup_us, transfer_us, lookup_us; uvm
-    rows the share of the table GPU memory holds, the page hit rate and the migrated bytes.
-    Every other row has host_bytes 0 and NaN in the cache columns.
+    turn, as in production), 'cold' (L2 flushed before each launch), or both. `static`
+    and `sass`: the static characterization and SASS rows of our variants (a run's
+    static.csv and sass.csv); PyTorch's and FBGEMM's kernels come from their own SASS
+    (kernels.peers), a user's kernel from `custom`; the model never compiles.
+    `set_aside`: l2p/combined pin their rows inside a persisting-L2 set-aside (False: the
+    pre-pass only warms L2, as without cudaLimitPersistingL2CacheSize). `cache_ratios`:
+    cache sizes as shares of E for the cache variant, one row each. Every row carries
+    its speedups over base, torch and fbgemm (whole batches of all T tables: a kernel
+    covering every table in one launch is compared fairly), the traffic floor no kernel
+    beats, and the model's validation figure (validated_n, validated_gmae_pct). A
+    variant without kernel facts on a GPU (a peer without code for it) is left out; the
+    reasons are in `df.attrs["skipped"]`. `profiles`: a dict kept across calls to reuse
+    the traces' locality (predicting other dtypes of one workload computes it once).
     """
     workload.validate()
-    if mode not in MODES:
-        raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    modes = [mode] if isinstance(mode, str) else list(mode)
+    for m in modes:
+        if m not in MODES:
+            raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {m!r}")
     gpus = _gpus(archs_or_gpus)
-    points = _prepare(workload, list(datasets), list(variants), gpus, params or {}, static, sass, tables, mode, {},
-                      progress, cache_ratios)
-    return _frame(points, _constants_for(gpus, constants), list(variants))
+    wanted = list(variants)
+    names = list(dict.fromkeys([*wanted, *(r for r in REFERENCES if r in VARIANTS)]))
+    skipped: list[str] = []
+    profiles = {} if profiles is None else profiles
+    consts = _constants_for(gpus, constants)
+    frames = []
+    for m in modes:
+        points = _prepare(workload, list(datasets), names, gpus, params or {}, static, sass, tables, m, profiles,
+                          progress, cache_ratios, set_aside=set_aside, custom=custom, skipped=skipped,
+                          optional=[n for n in names if n not in wanted and n != "base"])
+        frames.append(_frame(points, consts, wanted))
+    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COLUMNS)
+    df.attrs["skipped"] = [s for s in dict.fromkeys(skipped) if s.split(" on ")[0] in wanted]
+    return df
 
 
 def predict_experiment(exp: ExperimentConfig, archs: Iterable[str] | None = None,
                        progress: Progress | None = None, *, static: Any = None, sass: Any = None,
-                       cache_ratios: Sequence[float] | None = None) -> pd.DataFrame:
-    """predict() over an experiment's matrix (its architectures unless `archs` is given)."""
+                       cache_ratios: Sequence[float] | None = None, mode: str | Sequence[str] = "steady",
+                       custom: Mapping[str, KernelFacts] | None = None, profiles: dict | None = None
+                       ) -> pd.DataFrame:
+    """predict() over an experiment's matrix (its architectures unless `archs` is given),
+    with its bench.l2_set_aside deciding how l2p/combined pin."""
     return predict(exp.workload, exp.datasets, exp.variants, list(archs or exp.archs), params=exp.params,
-                   static=static, sass=sass, progress=progress, cache_ratios=cache_ratios)
-
-
+                   static=static, sass=sass, progress=progress, cache_ratios=cache_ratios, mode=mode,
+                   set_aside=exp.bench.l2_set_aside, custom=custom, profiles=profiles)
 
 
 def primary_predictions(pred: pd.DataFrame, dtype: str | None = None, cache_ratio: float = 0.015) -> pd.DataFrame:
