@@ -41,7 +41,7 @@ from characterize.errors import (
 )
 from characterize.hardware.devices import devices, require_gpu
 from characterize.hardware.specs import gpu_spec, normalize_arch
-from characterize.kernels.build import reported_builds
+from characterize.kernels.build import reported_builds, toolkit_record
 from characterize.kernels.check import CheckResult, check_variants
 from characterize.kernels.registry import HOST_VARIANTS, VARIANT_ORDER, default_cache_rows, get_variant
 from characterize.kernels.static import analyze_variants, static_characterization
@@ -274,7 +274,8 @@ def run_meta(exp: ExperimentConfig, path: Path, gpu_info, backend: str = "cuda")
     gpu = gpu_identity(gpu_info)
     return {"name": path.name, "experiment": exp.to_dict(), "command_line": shlex.join(sys.argv),
             "environment": environment(), "backend": backend if gpu_info is not None or backend != "cuda" else None,
-            "gpu": gpu, "cache_control": exp.profile.cache_control, "clock_control": exp.profile.clock_control}
+            "gpu": gpu, "cache_control": exp.profile.cache_control, "clock_control": exp.profile.clock_control,
+            "toolkit": toolkit_record()}
 
 
 def locality_step(run: RunDir, exp: ExperimentConfig, progress: Reporter | Progress = _quiet, table: int = 0) -> dict:
