@@ -19,10 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import signal
 import sys
-import threading
-import time
 import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -47,7 +44,7 @@ from characterize.kernels.library import (
     device_state,
 )
 from characterize.kernels.registry import get_variant, uvm_mode
-from characterize.measure.lifeline import EXIT_ORPHANED, die_with_parent, watch_pipe
+from characterize.measure.lifeline import supervise
 from characterize.measure.timing import L2Flusher, preallocate, time_point, timed_batch_index
 from characterize.memory import check_memory
 from characterize.store import RunDir, load_run, point_key
@@ -398,38 +395,6 @@ def run_profile_target(run_dir: Path, variant: str, datasets: list[str], backend
         print(f"profiled {variant} {dataset}: {n} table launch(es) after {session.warmup} warm-up batch(es)",
               flush=True)
     return 0
-
-
-#: seconds an orphaned worker gets to stop cleanly (finish writing a point file) before it is ended hard
-ORPHAN_GRACE_S = 2.0
-
-
-def _stop(signum: int, _frame: object) -> None:
-    """SIGTERM (the parent-death signal): unwind, so temporaries are removed and kernels closed."""
-    raise SystemExit(EXIT_ORPHANED)
-
-
-def _orphaned() -> None:
-    """The supervisor's pipe closed: stop like on SIGTERM, and hard after a grace period
-    (the main thread may be inside a long native call)."""
-    os.kill(os.getpid(), signal.SIGTERM)
-    time.sleep(ORPHAN_GRACE_S)
-
-
-def supervise(supervisor: int | None) -> None:
-    """Tie this worker process to the runner that started it, and only to it. With the
-    supervisor's pid: the parent-death signal when the supervisor is our direct parent
-    (armed, then the parent checked again, so a parent that died in between is seen),
-    and the stdin-pipe watchdog in any case. Without one (the profile target, which ncu
-    forks: its parent is ncu's, whose exit is no reason to stop) nothing is armed; the
-    runner ends ncu's whole process group instead."""
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _stop)
-    if supervisor is None:
-        return
-    if os.getppid() == supervisor:
-        die_with_parent(signal.SIGTERM, parent=supervisor)
-    watch_pipe(0, on_close=_orphaned)
 
 
 def main(argv: list[str] | None = None, *, supervised: bool = False) -> int:

@@ -97,7 +97,7 @@ def _armed_signal(supervisor: str) -> int:
     code = textwrap.dedent(f"""
         import ctypes, os, sys
         sys.path.insert(0, {str(ROOT)!r})
-        from characterize.measure.worker import supervise
+        from characterize.measure.lifeline import supervise
         supervise({supervisor})
         sig = ctypes.c_int()
         ctypes.CDLL(None).prctl(2, ctypes.byref(sig), 0, 0, 0)   # PR_GET_PDEATHSIG
