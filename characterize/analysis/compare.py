@@ -88,6 +88,10 @@ def lookup_kernels(kernels: pd.DataFrame) -> pd.DataFrame:
     return kernels[~kernels["function"].astype(str).str.contains("l2_pin")]
 
 
+#: the SM clock a profiled kernel ran at (ncu's SpeedOfLight "SM Frequency", in every metric set), in Hz
+SM_CLOCK_METRIC = "gpc__cycles_elapsed.avg.per_second"
+
+
 def bench_vs_ncu(run: Run, mode: str = "steady") -> pd.DataFrame:
     """Bench's durations beside Nsight Compute's, per (variant, dataset, table) of a run
     that was benched and profiled. Columns: variant, dataset, table; bench_per_table_us
@@ -101,6 +105,8 @@ def bench_vs_ncu(run: Run, mode: str = "steady") -> pd.DataFrame:
     if not points or k.empty or "duration_ns" not in k.columns:
         return pd.DataFrame()
     look = lookup_kernels(k)
+    m = run.metrics
+    clock = m[m["metric"] == SM_CLOCK_METRIC] if not m.empty and "metric" in m.columns else pd.DataFrame()
     rows = []
     for p in points:
         row = next((r for r in p.get("summary", []) if r.get("mode") == mode), None)
@@ -110,7 +116,8 @@ def bench_vs_ncu(run: Run, mode: str = "steady") -> pd.DataFrame:
         mine = look[(look["variant"] == p["variant"]) & (look["dataset"] == p["dataset"])]
         for t, g in mine.groupby("table"):
             ncu_us = float(g["duration_ns"].mean()) / 1e3
-            freq = g["sm_frequency_hz"].mean() / 1e6 if "sm_frequency_hz" in g.columns else float("nan")
+            mine_clock = clock[clock["kernel_id"].isin(g["kernel_id"])] if not clock.empty else clock
+            freq = float(mine_clock["value"].mean()) / 1e6 if not mine_clock.empty else float("nan")
             rows.append({"variant": p["variant"], "dataset": p["dataset"], "table": int(t),
                          "bench_per_table_us": row["per_table_us"],
                          "bench_per_launch_us": per_launch[int(t)] if int(t) < len(per_launch) else float("nan"),

@@ -87,7 +87,6 @@ WIDE_METRICS: dict[str, str] = {
     "dram_bytes_write": "dram__bytes_write.sum",
     "dram_throughput_pct": "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed",
     "sm_throughput_pct": "sm__throughput.avg.pct_of_peak_sustained_elapsed",
-    "sm_frequency_hz": "gpc__cycles_elapsed.avg.per_second",   # the SM clock the kernel ran at
     **{f"stall_{reason}": stall_metric(reason) for reason in STALL_REASONS},
 }
 

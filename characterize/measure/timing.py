@@ -383,7 +383,8 @@ def time_point(kernels: Sequence[TableKernel], batches: Sequence[Sequence[Batch]
         per_table = per_table_all
     # the per-launch diagnostic: steady mode only (cold mode is timed per launch already)
     if mode == "steady":
-        diag = [per_launch_batch(timed_batch_index(bench.warmup, n, i), flush=False) for i in range(PER_LAUNCH_REPS)]
+        reps_diag = PER_LAUNCH_REPS if clock.method != METHOD_WALL else 1   # the emulator: the harness only
+        diag = [per_launch_batch(timed_batch_index(bench.warmup, n, i), flush=False) for i in range(reps_diag)]
         launch_table = list(np.mean([d["k"] for d in diag], axis=0))
         launch_gap = float(np.mean([d["launch_gap_us"] for d in diag]))
     else:

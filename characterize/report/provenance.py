@@ -23,9 +23,8 @@ class Provenance:
 PROVENANCE: dict[str, Provenance] = {p.key: p for p in (
     Provenance("ncu", "Nsight Compute", "hardware performance counters read by Nsight Compute (ncu) while the "
                "kernel ran under the profiler (kernel replay: later passes can see a warmer L2)", "ncu"),
-    Provenance("cuda-events", "CUDA events (GPU)", "GPU time between one pair of CUDA events around a batch "
-               "of one launch per table, divided by the tables (cold mode: around each launch after its flush), "
-               "at the GPU's normal clocks (not locked), mean over repetitions after warm-up batches, "
+    Provenance("cuda-events", "CUDA events (GPU)", "GPU time between CUDA events around each table's kernel "
+               "launch, at the GPU's normal clocks (not locked), mean over repetitions after warm-up batches, "
                "95% confidence interval from the t distribution", "gpu"),
     Provenance("cpu-emulation", "CPU emulation: NOT GPU performance", "the kernel source compiled for the host "
                "and run serially on the CPU; these timings only check the harness and say nothing about "

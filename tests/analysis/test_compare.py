@@ -213,9 +213,10 @@ def test_bench_beside_ncu_per_table():
                                             "chz_base_kernel"],
                             "function": ["chz_l2_pin_kernel", "chz_base_kernel", "chz_l2_pin_kernel",
                                          "chz_base_kernel"],
-                            "duration_ns": [3000.0, 9000.0, 3000.0, 9500.0],
-                            "sm_frequency_hz": [1.98e9] * 4})
-    run = SimpleNamespace(points=lambda kind: [point] if kind == "bench" else [], kernels=kernels)
+                            "duration_ns": [3000.0, 9000.0, 3000.0, 9500.0], "kernel_id": [0, 1, 2, 3]})
+    metrics = pd.DataFrame({"kernel_id": [0, 1, 2, 3], "metric": ["gpc__cycles_elapsed.avg.per_second"] * 4,
+                            "unit": ["hz"] * 4, "value": [1.41e9, 1.98e9, 1.41e9, 1.98e9]})
+    run = SimpleNamespace(points=lambda kind: [point] if kind == "bench" else [], kernels=kernels, metrics=metrics)
     out = bench_vs_ncu(run)
     assert list(out["table"]) == [0, 1] and list(out["ncu_duration_us"]) == [9.0, 9.5]
     assert list(out["bench_per_launch_us"]) == [12.0, 11.5] and list(out["ncu_over_bench"]) == [0.9, 0.95]

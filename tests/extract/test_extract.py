@@ -191,10 +191,9 @@ def test_wide_columns_and_values(frames: dict[str, pd.DataFrame]) -> None:
         "duration_ns", "achieved_occupancy_pct", "theoretical_occupancy_pct", "registers_per_thread",
         "block_limit_registers", "block_limit_shared_mem", "block_limit_warps", "block_limit_blocks",
         "l1_hit_rate_pct", "l2_hit_rate_pct", "l2_bytes", "dram_bytes_read", "dram_bytes_write",
-        "dram_throughput_pct", "sm_throughput_pct", "sm_frequency_hz",
+        "dram_throughput_pct", "sm_throughput_pct",
     ]  # fmt: skip
     row = a100.iloc[0]
-    assert 0.5e9 < row.sm_frequency_hz < 2.5e9   # the SM clock the kernel ran at (SpeedOfLight), in Hz
     assert len(a100) == 1 and row.duration_ns == 8261906816 and row.registers_per_thread == 32
     assert round(row.achieved_occupancy_pct, 2) == 80.59 and round(row.l2_hit_rate_pct, 2) == 54.11
     assert row.block_limit_registers == 2 and row.theoretical_occupancy_pct == 100

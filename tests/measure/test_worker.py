@@ -243,3 +243,27 @@ def test_hot_rows_come_from_the_warm_up_batches_only(tmp_path):
     zero = dataclasses.replace(exp, bench=dataclasses.replace(exp.bench, warmup=0))
     with pytest.raises(ConfigError, match="warm-up"):
         Session.open(zero, "emulate").bind("l2p", batches)
+
+
+def test_uvm_runs_in_either_mode_and_the_point_says_which(tmp_path):
+    """The uvm variant's mode is a parameter (zero-copy by default, migrate=1): both run on
+    the emulator (which has no managed memory: the table itself) and the point records it."""
+    import torch
+
+    from characterize.errors import ConfigError
+    from characterize.kernels.library import run_variant
+    from characterize.kernels.registry import get_variant, uvm_mode
+
+    g = torch.Generator().manual_seed(11)
+    w, idx = torch.rand(1009, 68, generator=g), torch.randint(0, 1009, (300,), generator=g)
+    off = torch.tensor([0, 7, 7, 150])
+    for migrate in (0, 1):
+        out = run_variant("uvm", w, idx, off, params={"migrate": migrate}, backend="emulate")
+        assert torch.allclose(out.output, torch.nn.functional.embedding_bag(idx, w, off, mode="sum"), atol=1e-5)
+    assert uvm_mode(get_variant("uvm").resolve_params(None)) == "zero-copy" and uvm_mode({"migrate": 1}) == "migrate"
+    with pytest.raises(ConfigError, match="migrate"):
+        get_variant("uvm").resolve_params({"migrate": 2})
+    _, out_dir = _run(tmp_path, variants=("uvm",))
+    assert main(["bench", str(out_dir), "--point", "uvm:medium", "--backend", "emulate"]) == 0
+    point = load_run(out_dir).points("bench")[0]
+    assert point["status"] == "ok" and point["uvm"]["mode"] == "zero-copy" and point["params"] == {"migrate": 0}
