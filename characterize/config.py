@@ -281,8 +281,9 @@ class ProfileConfig:
     clock_control: str = "none"   # the clock policy bench runs at too: unlocked, sampled by NVML per point
     replay_mode: str = "kernel"
     tables: int = 2               # profiled launches per point (first tables of the last batch)
-    warmup_batches: int = 2       # unprofiled batches before the profiled launches
-    l2_set_aside: bool = True     # l2p/combined: a persisting-L2 set-aside for the pinned rows (False: without)
+    warmup_batches: int | None = None  # bench's warm-up batches (bench.warmup) precede the profiled launches;
+                                       # only that value is accepted here (profile sees bench's state)
+    l2_set_aside: bool = True     # must equal bench.l2_set_aside: profile runs in the state bench timed
 
     def validate(self) -> "ProfileConfig":
         if not isinstance(self.l2_set_aside, bool):
@@ -293,7 +294,7 @@ class ProfileConfig:
             raise ConfigError("clock_control must be 'base' or 'none'")
         if self.replay_mode not in ("kernel", "application", "range"):
             raise ConfigError("replay_mode must be kernel, application or range")
-        if self.tables < 1 or self.warmup_batches < 0:
+        if self.tables < 1 or (self.warmup_batches is not None and self.warmup_batches < 0):
             raise ConfigError("profile needs tables >= 1 and warmup_batches >= 0")
         return self
 
@@ -401,6 +402,14 @@ class ExperimentConfig:
         self.workload.validate(gpu=gpu)
         self.bench.validate()
         self.profile.validate()
+        if self.profile.l2_set_aside != self.bench.l2_set_aside:
+            raise ConfigError(f"profile.l2_set_aside is {str(self.profile.l2_set_aside).lower()} but bench.l2_set_aside "
+                              f"is {str(self.bench.l2_set_aside).lower()}: profile runs in the state bench timed; set "
+                              "bench.l2_set_aside (profile follows it)")
+        if self.profile.warmup_batches is not None and self.profile.warmup_batches != self.bench.warmup:
+            raise ConfigError(f"profile.warmup_batches is {self.profile.warmup_batches} but bench.warmup is "
+                              f"{self.bench.warmup}: the profiled launches follow bench's warm-up batches, so that "
+                              "profile measures the state bench timed; remove profile.warmup_batches")
         self.slurm.validate()
         return self
 

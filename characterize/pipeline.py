@@ -52,7 +52,7 @@ from characterize.errors import (
 )
 from characterize.hardware.devices import devices, require_gpu
 from characterize.hardware.specs import gpu_spec, normalize_arch
-from characterize.kernels.build import buildable_arch, reported_builds
+from characterize.kernels.build import buildable_arch, reported_builds, toolkit_record
 from characterize.kernels.check import CheckResult, check_variants
 from characterize.kernels.registry import HOST_VARIANTS, VARIANT_ORDER, default_cache_rows, get_variant
 from characterize.kernels.static import analyze_variants, static_characterization
@@ -300,7 +300,8 @@ def run_meta(exp: ExperimentConfig, path: Path, gpu_info, backend: str = "cuda")
     gpu = gpu_identity(gpu_info)
     return {"name": path.name, "experiment": exp.to_dict(), "command_line": shlex.join(sys.argv),
             "environment": environment(), "backend": backend if gpu_info is not None or backend != "cuda" else None,
-            "gpu": gpu, "cache_control": exp.profile.cache_control, "clock_control": exp.profile.clock_control}
+            "gpu": gpu, "cache_control": exp.profile.cache_control, "clock_control": exp.profile.clock_control,
+            "toolkit": toolkit_record()}
 
 
 def locality_step(run: RunDir, exp: ExperimentConfig, progress: Reporter | Progress = _quiet, table: int = 0) -> dict:
@@ -657,6 +658,75 @@ def e2e(exp: ExperimentConfig, variants: Sequence[str] | None = None, archs: Seq
 
 # --------------------------------------------------------------- self-test
 SELFTEST_EXPERIMENT = "selftest"
+#: what the self-test checks on the device: every variant x dtype once (sum), and every variant in mean mode
+SELFTEST_CHECK_DATASET = "medium"
+#: the self-test's budget: its plan must fit in it (selftest_plan), by construction of the selftest experiment
+SELFTEST_BUDGET_S = 600.0
+
+
+@dataclass(frozen=True)
+class SelftestCosts:
+    """Seconds each unit of the self-test costs at most, as planned (none of these is a
+    GPU measurement of ours: upper bounds from the budgets the code enforces and from
+    what each step starts, to be replaced by the first run's own log)."""
+
+    build_s: float = 15.0           # one nvcc build of the family, one core (a cold cache; a warm one costs ~0)
+    check_s: float = 0.5            # one device check at the tiny shape (B=127), library already loaded
+    worker_start_s: float = 10.0    # a bench worker: python, torch and CUDA context, tables generated
+    point_overhead_s: float = 2.0   # a bench point's bind, check and warm-up batches
+    ncu_process_s: float = 20.0     # one ncu process: its start, the target's python/torch/CUDA start, teardown
+    ncu_kernel_s: float = 1.0       # one profiled kernel: the metric set's replay passes (quick: a few)
+    report_s: float = 15.0          # the static step's SASS reading, locality, predictions, the HTML report
+
+
+@dataclass(frozen=True)
+class SelftestPlan:
+    """What `selftest --gpu` will do and how long each part may take."""
+
+    steps: tuple[tuple[str, int, float, str], ...]   # (step, units, seconds at most, what)
+
+    @property
+    def seconds(self) -> float:
+        return sum(s for _, _, s, _ in self.steps)
+
+    def lines(self) -> list[str]:
+        out = [f"self-test plan, at most {self.seconds / 60:.1f} min (budget {SELFTEST_BUDGET_S / 60:.0f} min):"]
+        out += [f"  {name:8s} {n:4d} x  {sec:6.0f} s  {what}" for name, n, sec, what in self.steps]
+        return out
+
+
+def selftest_checks() -> list[tuple[str, str]]:
+    """(mode, dtype) groups the device check covers: every dtype in sum mode, fp32 in mean mode."""
+    return [("sum", dt) for dt in DTYPES] + [("mean", "fp32")]
+
+
+def selftest_plan(exp: ExperimentConfig, cores: int = 16, costs: SelftestCosts = SelftestCosts()) -> SelftestPlan:
+    """The self-test's steps with an upper bound on each, from the experiment and the
+    costs: builds (every build the static step and the device checks ask for, cold, spread
+    over the cores), one device check per variant x dtype (and mean), bench (per point each
+    mode's time budget, plus its warm-up and check), profile (one ncu process per variant,
+    and its cache collection: one more, each profiling tables x datasets launches)."""
+    names = [n for n in VARIANT_ORDER + HOST_VARIANTS if not get_variant(n).test_only]
+    check_runs = sum(1 for _ in names) * len(selftest_checks())
+    # static: each arch x (uncapped + each cap of the sweep); the device checks: each dtype x (uncapped + the cap)
+    builds = len(exp.archs) * (1 + len(exp.maxrregcount)) + len(DTYPES) * 2
+    build_s = costs.build_s * builds / max(1, min(cores, builds))
+    points = len(exp.variants) * len(exp.datasets)
+    per_point = costs.point_overhead_s + len(exp.bench.modes) * (exp.bench.budget_s + 1.0)
+    bench_s = costs.worker_start_s + points * per_point
+    profiled = min(exp.profile.tables, exp.workload.T) * len(exp.datasets)
+    per_variant = 2 * (costs.ncu_process_s + profiled * 2 * costs.ncu_kernel_s)   # main + cache; up to 2 launches
+    profile_s = len(exp.variants) * per_variant
+    return SelftestPlan((
+        ("build", builds, build_s, f"nvcc builds, cold cache, {cores} core(s)"),
+        ("check", check_runs, check_runs * costs.check_s,
+         f"each variant x dtype once on the device ({SELFTEST_CHECK_DATASET}, sum), and in mean mode"),
+        ("bench", points, bench_s, f"{len(exp.variants)} variants x {len(exp.datasets)} datasets, modes "
+                                   f"{', '.join(exp.bench.modes)}, {exp.bench.budget_s:g} s budget each"),
+        ("profile", len(exp.variants), profile_s, "one ncu process per variant (all its datasets) + its cache "
+                                                  "counters"),
+        ("rest", 1, costs.report_s, "SASS, locality, predictions, report"),
+    ))
 
 
 @dataclass
@@ -665,25 +735,35 @@ class SelftestOutcome:
     run: RunOutcome
     seconds: float
     problems: list[str]   # empty: the whole GPU path works on this GPU
+    plan: SelftestPlan | None = None
 
 
 def selftest_gpu(out: Path | None = None, *, ncu: str | None = None, resume: bool = False,
                  progress: Reporter | Progress | None = None) -> SelftestOutcome:
-    """The whole GPU path on this machine's first GPU, in minutes: every variant checked
-    against torch on the device (every dtype, sum and mean), then the selftest
-    experiment built, benched, profiled under ncu and reported into profiles/<gpu>/.
-    Raises NoCudaDevice without a GPU. Nothing is hidden: a failed check, a skipped
-    or failed step, or a failed point is a problem, and the run keeps what finished."""
-    gpu = require_gpu()
+    """The whole GPU path on this machine's first GPU, in minutes: its plan and time
+    estimate first, then every variant x dtype checked once against torch on the device
+    (and every variant in mean mode), then the selftest experiment built, benched,
+    profiled under ncu (one process per variant) and reported into profiles/<gpu>/.
+    Raises NoCudaDevice without a GPU. Nothing is hidden: a failed check, a skipped or
+    failed step, or a failed point is a problem, and the run keeps what finished."""
+    import os
+
     rep = as_reporter(progress)
+    exp = load_experiment(SELFTEST_EXPERIMENT)
+    plan = selftest_plan(exp, os.cpu_count() or 1)
+    for line in plan.lines():
+        rep.message(line)
+    gpu = require_gpu()
+    spec = gpu.spec()
     start = time.perf_counter()
-    with rep.task("check every variant on the GPU") as task:
-        checks = check_variants(None, HOTNESS_ORDER, WorkloadConfig.tiny(), ("sum", "mean"), "cuda",
-                                dtypes=list(DTYPES))
+    checks: list[CheckResult] = []
+    with rep.task("check every variant x dtype once on the GPU") as task:
+        for mode, dtype in selftest_checks():
+            checks += check_variants(None, [SELFTEST_CHECK_DATASET], WorkloadConfig.tiny(), (mode,), "cuda",
+                                     dtypes=[dtype], gpu=spec)
         bad = [c for c in checks if c.passed is False]
         task.finish(f"{sum(c.passed is True for c in checks)} passed, {len(bad)} failed")
-    exp = load_experiment(SELFTEST_EXPERIMENT)
-    path = out or Path("profiles") / gpu.spec().key
+    path = out or Path("profiles") / spec.key
     outcome = run_experiment(exp, path, resume=resume, progress=rep, ncu=ncu)
     problems = [f"check {c.variant} {c.dtype} {c.dataset} {c.mode}: max error {c.max_abs_err:.3g} over "
                 f"{c.tolerance:.3g}{' (' + c.error + ')' if c.error else ''}" for c in bad]
@@ -691,4 +771,8 @@ def selftest_gpu(out: Path | None = None, *, ncu: str | None = None, resume: boo
     failures = load_run(outcome.path).failures
     problems += [f"{r.get('kind', '?')} {r.get('variant', '?')} {r.get('dataset', '?')}: {r.get('error', '')}"
                  for r in failures.to_dict("records")]
-    return SelftestOutcome(checks, outcome, time.perf_counter() - start, problems)
+    seconds = time.perf_counter() - start
+    if seconds > plan.seconds:
+        rep.message(f"the self-test took {seconds:.0f} s, over its plan of {plan.seconds:.0f} s: see log.txt for "
+                    "which step")
+    return SelftestOutcome(checks, outcome, seconds, problems, plan)

@@ -222,8 +222,12 @@ _BENCH = _cols(
     "dataset | | hotness preset or trace file",
     "status | | ok, or failed with the point's error",
     "mode | | steady or cold",
-    "per_table_us | us | mean time of one table launch",
+    "per_table_us | us | mean time of one table launch: one event pair around the batch of T launches, / T "
+    "(cold mode: each launch after its own flush)",
     "ci95_us | us | 95% confidence half-width of the batch time (Student t)",
+    "per_launch_us | us | diagnostic: one event pair around each launch (the launch front-end included), "
+    "mean over tables",
+    "timed_unit | | what one event pair bracketed",
 )
 
 ARTIFACTS: dict[str, Artifact] = {a.key: a for a in (

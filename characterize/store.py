@@ -442,6 +442,9 @@ class Run:
                 self.unreadable_reports.append({"kind": "profile report", "variant": pt["variant"],
                                                 "dataset": pt["dataset"], "error": str(e)})
                 continue
+            positions = pt.get("report_positions")
+            if positions is not None:   # one ncu process profiled the variant's points: keep this one's kernels
+                df = _at_positions(df, positions)
             # the point knows its variant/dataset even if NVTX names were lost
             df["variant"] = df["variant"].replace("", pd.NA).fillna(pt["variant"])
             df["dataset"] = df["dataset"].replace("", pd.NA).fillna(pt["dataset"])
@@ -449,7 +452,8 @@ class Run:
             df["clock_control"] = pt.get("clock_control", "")
             df["replay_mode"] = pt.get("replay_modes", {}).get("default", pt.get("replay_mode", ""))
             if pt.get("cache_report"):
-                df = _with_cache_counters(df, self.path / pt["cache_report"], pt.get("replay_modes", {}), self.name)
+                df = _with_cache_counters(df, self.path / pt["cache_report"], pt.get("replay_modes", {}), self.name,
+                                          positions)
             frames.append(df)
         return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
@@ -469,7 +473,15 @@ class Run:
                 "static_rows": len(self.static), "datasets": list(self.locality_raw)}
 
 
-def _with_cache_counters(df: pd.DataFrame, path: Path, modes: dict[str, str], run: str) -> pd.DataFrame:
+def _at_positions(df: pd.DataFrame, positions: list[int]) -> pd.DataFrame:
+    """The kernels of a report at these launch-order positions (a point's share of a shared report)."""
+    order = list(pd.unique(df["kernel_id"]))
+    keep = {order[p] for p in positions if p < len(order)}
+    return df[df["kernel_id"].isin(keep)]
+
+
+def _with_cache_counters(df: pd.DataFrame, path: Path, modes: dict[str, str], run: str,
+                         positions: list[int] | None = None) -> pd.DataFrame:
     """A point's metrics with its cache counters taken from the separate collection
     that replay did not warm (measure.ncu.CACHE_METRICS, application replay), kernels
     matched by launch order; `replay_mode` says which collection each value is from.
@@ -480,6 +492,8 @@ def _with_cache_counters(df: pd.DataFrame, path: Path, modes: dict[str, str], ru
         return df
     wanted = {m: mode for m, mode in modes.items() if m != "default"}
     cache = cache[cache["metric"].isin(list(wanted))]
+    if positions is not None:   # a report shared by a variant's points: this point's kernels only
+        cache = _at_positions(cache, positions)
     if cache.empty or df.empty:
         return df
     ids = list(pd.unique(df["kernel_id"]))

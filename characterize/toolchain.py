@@ -4,9 +4,12 @@ ncu), one search for all of them.
 Order, most specific first: a path the caller names (`--ncu PATH`); the tool's own
 environment variable ($CHARACTERIZE_NVCC, ...); PATH; $CUDA_HOME/bin and
 $CUDA_PATH/bin; the newest /opt/nvidia/nsight-compute/*/ (where Nsight Compute installs
-on its own, often newer than a toolkit's); /usr/local/cuda/bin, then the newest
-/usr/local/cuda-*/bin; NVIDIA's PyPI wheels (nvidia/<cuXX>/bin on sys.path). A path named explicitly, or by the
-environment variable, must exist: it is never skipped silently for another tool.
+on its own, often newer than a toolkit's); NVIDIA's PyPI wheels installed in this
+environment (nvidia/<cuXX>/bin on sys.path: `pip install '.[nvcc]'` asked for them);
+/usr/local/cuda/bin, then the newest /usr/local/cuda-*/bin. A path named explicitly, or
+by the environment variable, must exist: it is never skipped silently for another tool.
+`find` answers the first; `find_all` every one, for a caller that chooses among them
+(the CUDA compiler the installed driver supports: kernels.build.find_nvcc).
 Callers turn "not found" into their own domain error (ToolchainNotFound, NcuNotFound).
 """
 
@@ -62,23 +65,23 @@ def candidates(name: str, places: Places = Places()) -> list[tuple[Path, str]]:
     out += [(Path(h) / "bin" / name, v) for h, v in homes if h]
     for p in sorted(places.nsight_root.glob(f"*/{name}"), key=lambda p: version_key(p.parent.name), reverse=True):
         out.append((p, str(p.parent)))
-    parent = places.cuda_parent
-    out.append((parent / "cuda" / "bin" / name, str(parent / "cuda")))
-    for p in sorted(parent.glob(f"cuda-*/bin/{name}"), key=lambda p: version_key(p.parents[1].name), reverse=True):
-        out.append((p, str(p.parents[1])))
     if places.wheels:
         for entry in sys.path:
             root = Path(entry) / "nvidia"
             if root.is_dir():
                 out += [(p, "pip wheel") for p in sorted(root.glob(f"*/bin/{name}"), reverse=True)]
+    parent = places.cuda_parent
+    out.append((parent / "cuda" / "bin" / name, str(parent / "cuda")))
+    for p in sorted(parent.glob(f"cuda-*/bin/{name}"), key=lambda p: version_key(p.parents[1].name), reverse=True):
+        out.append((p, str(p.parents[1])))
     return out
 
 
 def searched(name: str, env_var: str, places: Places = Places()) -> str:
     """Where `find` looked, for a 'not found' message."""
     home = "$CUDA_HOME/bin" if places.cuda_home is None else f"{places.cuda_home}/bin"
-    return (f"${env_var}, PATH, {home}, {places.nsight_root}/*/, {places.cuda_parent}/cuda*/bin"
-            + (", NVIDIA's pip wheels" if places.wheels else ""))
+    return (f"${env_var}, PATH, {home}, {places.nsight_root}/*/"
+            + (", NVIDIA's pip wheels" if places.wheels else "") + f", {places.cuda_parent}/cuda*/bin")
 
 
 def find(name: str, env_var: str, explicit: str | Path | None = None,
@@ -95,3 +98,18 @@ def find(name: str, env_var: str, explicit: str | Path | None = None,
         if is_executable(p):
             return p, where
     return None
+
+
+def find_all(name: str, env_var: str, explicit: str | Path | None = None,
+             places: Places = Places()) -> list[tuple[Path, str]]:
+    """Every executable `name`, in `find`'s order, each file once. A path given explicitly
+    or in $env_var is the only answer (ToolNamedMissing when it is not executable)."""
+    first = find(name, env_var, explicit, places)
+    if first is None or first[1] in ("given", env_var):
+        return [first] if first is not None else []
+    out, seen = [], set()
+    for p, where in candidates(name, places):
+        if is_executable(p) and (key := p.resolve()) not in seen:
+            seen.add(key)
+            out.append((p, where))
+    return out

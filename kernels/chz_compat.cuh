@@ -22,6 +22,27 @@
   kernel<<<(grid), (block), (smem), (stream)>>>(__VA_ARGS__)
 #define CHZ_LAUNCH_COOPERATIVE CHZ_LAUNCH
 
+// A launch carrying an access-policy window as a launch attribute: the window applies
+// to this launch only, so nothing on the stream or the device changes (cudaLaunchKernelEx,
+// CUDA 11.8+; the emulator records the window and runs the kernel).
+template <typename... Params, typename... Args>
+static cudaError_t chz_launch_window(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
+                                     const cudaAccessPolicyWindow& window, Args... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeAccessPolicyWindow;
+  attribute[0].val.accessPolicyWindow = window;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, args...);
+}
+#define CHZ_LAUNCH_WINDOW(kernel, grid, block, stream, window, ...) \
+  chz_launch_window(kernel, dim3(grid), dim3(block), (stream), (window), __VA_ARGS__)
+
 // Device-side assertion, as PyTorch's kernels have (a failed one aborts the launch).
 #include <assert.h>
 #define CHZ_KERNEL_ASSERT(cond) assert(cond)

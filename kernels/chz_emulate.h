@@ -119,6 +119,8 @@ struct DeviceState {
   int persisting_resets = 0;
   cudaAccessPolicyWindow window{};  // of the (single) emulated stream
   std::vector<uint64_t> prefetches; // addresses given to prefetch.global.L2::evict_last
+  cudaAccessPolicyWindow launch_window{};  // the window the last windowed launch carried
+  int64_t windowed_launches = 0;           // launches that carried a window (launch attribute)
 };
 inline DeviceState device;
 inline cudaError_t last_error = cudaSuccess;
@@ -308,6 +310,18 @@ inline cudaError_t launch(bool cooperative, Kernel kernel, dim3 grid, dim3 block
   return last_error;
 }
 
+template <typename Kernel, typename... Args>
+inline cudaError_t launch_window(Kernel kernel, dim3 grid, dim3 block, const cudaAccessPolicyWindow& w,
+                                 Args... args) {
+  if (w.num_bytes > device.max_window_bytes || w.hitRatio < 0.f || w.hitRatio > 1.f) {
+    last_error = cudaErrorInvalidValue;
+    return last_error;
+  }
+  device.launch_window = w;
+  ++device.windowed_launches;
+  return launch(false, kernel, grid, block, args...);
+}
+
 }  // namespace chz_emu
 
 #define threadIdx chz_emu::thread_idx
@@ -319,6 +333,10 @@ inline cudaError_t launch(bool cooperative, Kernel kernel, dim3 grid, dim3 block
   chz_emu::launch(false, kernel, dim3(grid), dim3(block), __VA_ARGS__)
 #define CHZ_LAUNCH_COOPERATIVE(kernel, grid, block, smem, stream, ...) \
   chz_emu::launch(true, kernel, dim3(grid), dim3(block), __VA_ARGS__)
+// A launch carrying an access-policy window as a launch attribute (cudaLaunchKernelEx
+// on the GPU): checked as the runtime checks a stream's window, recorded, then run.
+#define CHZ_LAUNCH_WINDOW(kernel, grid, block, stream, window, ...) \
+  chz_emu::launch_window(kernel, dim3(grid), dim3(block), window, __VA_ARGS__)
 #define CHZ_KERNEL_ASSERT(cond) \
   ((cond) ? (void)0 : throw chz_emu::EmulationError("device assertion failed: " #cond))
 #define CHZ_PREFETCH_L2_EVICT_LAST(ptr) chz_emu::device.prefetches.push_back((uint64_t)(uintptr_t)(ptr))
@@ -429,6 +447,11 @@ struct chz_emu_state {
   int32_t window_miss_prop;
   int32_t _pad;
   int64_t prefetch_count;
+  uint64_t launch_window_base;    // the window the last windowed launch carried
+  uint64_t launch_window_bytes;
+  float launch_window_hit_ratio;
+  int32_t _pad2;
+  int64_t windowed_launches;
 };
 
 extern "C" __attribute__((visibility("default"))) void chz_emu_get_state(chz_emu_state* s) {
@@ -444,9 +467,14 @@ extern "C" __attribute__((visibility("default"))) void chz_emu_get_state(chz_emu
   s->window_hit_prop = d.window.hitProp;
   s->window_miss_prop = d.window.missProp;
   s->prefetch_count = (int64_t)d.prefetches.size();
+  s->launch_window_base = (uint64_t)(uintptr_t)d.launch_window.base_ptr;
+  s->launch_window_bytes = d.launch_window.num_bytes;
+  s->launch_window_hit_ratio = d.launch_window.hitRatio;
+  s->_pad2 = 0;
+  s->windowed_launches = d.windowed_launches;
 }
 
-// Configure the emulated device (sizes in bytes) and clear its logs.
+// Configure the emulated device (sizes in bytes) and clear its state and logs.
 extern "C" __attribute__((visibility("default"))) void chz_emu_configure(uint64_t l2_bytes, uint64_t max_persisting,
                                                                         uint64_t max_window) {
   chz_emu::device = chz_emu::DeviceState{};

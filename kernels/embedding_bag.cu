@@ -553,9 +553,11 @@ CHZ_EXPORT int chz_l2_pin(const void* weight, int64_t dim, int64_t stride0, int6
 
 // ----------------------------------------------------- L2 access-policy window
 // l2w keeps the hot rows (made contiguous by reordering the table by frequency) in
-// the persisting part of L2 through a stream access-policy window. The caller saves
-// the device limit and the stream's window, applies the window per table, and
-// restores both afterwards, so profiling other work is not skewed by a carve-out.
+// the persisting part of L2 through an access-policy window. A caller that sets the
+// window on a stream saves the device limit and the stream's window once, before the
+// first change, and restores both afterwards (chz_l2_window_save/apply/restore), so
+// other work is not measured with a carve-out; l2w's lookup carries its window as a
+// launch attribute instead (chz_forward_base_window, below).
 struct chz_l2_state {
   uint64_t persisting_limit;
   cudaAccessPolicyWindow window;
@@ -619,6 +621,51 @@ CHZ_EXPORT int chz_l2_window_restore(void* stream, const chz_l2_state* state) {
 // Demote every line marked persisting to normal (cold-L2 measurements start here).
 CHZ_EXPORT int chz_l2_reset() { return (int)cudaCtxResetPersistingL2Cache(); }
 
+// The window as a launch attribute (what l2w runs): the persisting-L2 set-aside is set
+// once per point (chz_l2_set_aside), each table's window is planned once against it, and
+// every lookup launch carries its table's window, so between tables and repetitions no
+// stream attribute or device limit changes, and nothing is left to restore but the
+// set-aside.
+struct chz_window {
+  const void* base;     // the hot rows: rows 0..K-1 of the frequency-sorted table
+  uint64_t bytes;       // window size, at most cudaDevAttrMaxAccessPolicyWindowSize
+  float hit_ratio;      // share of the window's accesses marked persisting
+};
+
+// The window for `bytes` of hot rows under the current set-aside: min(bytes, max window),
+// hitRatio = set-aside / window (at most 1), so persisting lines do not thrash each other.
+CHZ_EXPORT int chz_l2_window_plan(uint64_t bytes, uint64_t* window_bytes, float* hit_ratio) {
+  int device = 0, max_window = 0;
+  size_t limit = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&max_window, cudaDevAttrMaxAccessPolicyWindowSize, device);
+  if (e == cudaSuccess) e = cudaDeviceGetLimit(&limit, cudaLimitPersistingL2CacheSize);
+  if (e != cudaSuccess) return (int)e;
+  if (max_window <= 0) return CHZ_ERR_UNSUPPORTED;  // pre-Ampere: no access-policy window
+  const uint64_t w = bytes < (uint64_t)max_window ? bytes : (uint64_t)max_window;
+  const double ratio = w ? (double)limit / (double)w : 0.0;
+  if (window_bytes) *window_bytes = w;
+  if (hit_ratio) *hit_ratio = (float)(ratio < 1.0 ? ratio : 1.0);
+  return CHZ_OK;
+}
+
+CHZ_EXPORT int chz_forward_base_window(const chz_bag_args* a, const chz_launch* l, void* stream,
+                                       const chz_window* w) {
+  if (int e = chz_check(a)) return e;
+  if (!w || w->hit_ratio < 0.f || w->hit_ratio > 1.f) return CHZ_ERR_BAD_ARGUMENT;
+  if (a->num_bags == 0) return CHZ_OK;
+  cudaAccessPolicyWindow window;
+  memset(&window, 0, sizeof(window));
+  window.base_ptr = const_cast<void*>(w->base);
+  window.num_bytes = w->bytes;
+  window.hitRatio = w->hit_ratio;
+  window.hitProp = cudaAccessPropertyPersisting;
+  window.missProp = cudaAccessPropertyStreaming;
+  auto kernel = chz_base_kernel<false>;
+  CHZ_LAUNCH_WINDOW(kernel, chz_grid(l, 1024), chz_block(l), (cudaStream_t)stream, window, *a);
+  return (int)cudaGetLastError();
+}
+
 // ------------------------------------------------------- runtime occupancy
 // What the driver says about a kernel of this build: registers per thread and
 // resident blocks per SM (cudaOccupancyMaxActiveBlocksPerMultiprocessor), to set
@@ -659,6 +706,36 @@ CHZ_EXPORT int chz_kernel_info(const char* which, int block, int* blocks_per_sm,
   if constexpr (kMaxPerLane >= 8)
     if (!strcmp(w, "warp8")) return chz_info(chz_warp_kernel<8, 1>, block, blocks_per_sm, registers);
   return CHZ_ERR_BAD_ARGUMENT;
+#endif
+}
+
+// ----------------------------------------------------------- managed memory (uvm)
+// Where a managed table lives. mode 0, zero-copy (what FBGEMM's UVM tables use): the
+// preferred location is the host and the GPU is set as accessing it, so the GPU reads
+// the host pages over the bus and nothing migrates. mode 1, migrate: no advice, pages
+// move to the GPU on first touch (a table that fits ends up read from device memory).
+// The CPU emulator has no managed memory: the uvm variant reads the table itself.
+CHZ_EXPORT int chz_managed_advise(const void* ptr, uint64_t bytes, int mode, int device) {
+  if (mode != 0 && mode != 1) return CHZ_ERR_BAD_ARGUMENT;
+#if defined(CHZ_EMULATE)
+  (void)ptr; (void)bytes; (void)device;
+  return CHZ_OK;
+#else
+  if (mode == 1 || bytes == 0) return CHZ_OK;
+#if CUDART_VERSION >= 13000
+  cudaMemLocation host, gpu;
+  memset(&host, 0, sizeof(host));
+  memset(&gpu, 0, sizeof(gpu));
+  host.type = cudaMemLocationTypeHost;
+  gpu.type = cudaMemLocationTypeDevice;
+  gpu.id = device;
+  cudaError_t e = cudaMemAdvise(ptr, bytes, cudaMemAdviseSetPreferredLocation, host);
+  if (e == cudaSuccess) e = cudaMemAdvise(ptr, bytes, cudaMemAdviseSetAccessedBy, gpu);
+#else
+  cudaError_t e = cudaMemAdvise(ptr, bytes, cudaMemAdviseSetPreferredLocation, cudaCpuDeviceId);
+  if (e == cudaSuccess) e = cudaMemAdvise(ptr, bytes, cudaMemAdviseSetAccessedBy, device);
+#endif
+  return (int)e;
 #endif
 }
 

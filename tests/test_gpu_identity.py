@@ -81,15 +81,87 @@ HIDDEN = {"sm_clock_MHz": 1980, "temperature_C": 83, "throttle_reasons": [],
           "power_violation_ns": 5_000_000, "thermal_violation_ns": 12_500_000}
 
 
+# a GPU or driver that answers clocks and temperature but not the throttle reasons or violation counters
+UNSUPPORTED = {"sm_clock_MHz": 1410, "temperature_C": 50}
+
+
 @pytest.mark.parametrize("clocks, throttled, reasons, violation", [
     ({"before": COOL, "after": COOL}, False, [], {}),
     ({"before": COOL, "after": CAPPED}, True, ["sw_power_cap"], {}),
     # clocks look normal at both samples, but the thermal limit held them down in between
     ({"before": COOL, "after": HIDDEN}, True, [], {"thermal": 12.5}),
     ({"before": {}, "after": {}}, None, [], {}),
+    # counters that are not supported say nothing: unknown, never "not throttled"
+    ({"before": UNSUPPORTED, "after": UNSUPPORTED}, None, [], {}),
+    ({"before": UNSUPPORTED, "after": CAPPED}, True, ["sw_power_cap"], {}),
 ])
 def test_throttle_verdict_from_recorded_nvml_samples(clocks, throttled, reasons, violation):
     v = hardware.throttle_verdict(clocks)
     assert v["throttled"] is throttled and v["reasons"] == reasons and v["violation_ms"] == violation
     if throttled is not None:
         assert v["max_temperature_C"] == max(c["temperature_C"] for c in clocks.values())
+
+
+def test_unsupported_counters_are_named():
+    v = hardware.throttle_verdict({"before": UNSUPPORTED, "after": UNSUPPORTED})
+    assert v["throttled"] is None
+    assert v["unsupported"] == ["throttle_reasons", "power_violation_ns", "thermal_violation_ns"]
+    assert hardware.throttle_verdict({"before": COOL, "after": COOL})["unsupported"] == []
+
+
+class NVMLError(Exception):
+    pass
+
+
+class FakeNvml:
+    """pynvml on a machine of three GPUs where GPU 1 cannot be opened and GPU 2 cannot be
+    named (lost off the bus, or no permission): NVML needs a GPU, so it is stood in for."""
+
+    NVML_CLOCK_SM, NVML_CLOCK_MEM = 1, 2
+
+    def nvmlInit(self): pass
+    def nvmlShutdown(self): pass
+    def nvmlSystemGetDriverVersion(self): return b"535.104.05"
+    def nvmlSystemGetCudaDriverVersion(self): return 12020
+    def nvmlDeviceGetCount(self): return 3
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        if i == 1:
+            raise NVMLError("GPU is lost")
+        return i
+
+    def nvmlDeviceGetName(self, h):
+        if h == 2:
+            raise NVMLError("Insufficient Permissions")
+        return b"NVIDIA A100-SXM4-80GB"
+
+    def nvmlDeviceGetUUID(self, h): return f"GPU-0000000{h}-aaaa-bbbb-cccc-dddddddddddd"
+
+    def __getattr__(self, name):   # every other query: not supported on this GPU
+        def unsupported(*args):
+            raise NVMLError(f"{name}: Not Supported")
+        return unsupported
+
+
+def test_nvml_failures_leave_the_gpu_out_and_never_escape(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml())
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    nvml, driver = hardware._nvml_devices()
+    assert list(nvml) == [0] and driver == "535.104.05" and nvml[0]["uuid"].startswith("GPU-00000000")
+    if not HAS_GPU:   # no CUDA device through torch: NVML's GPUs as they are, the two that fail left out
+        found = devices()
+        assert [(d.index, d.nvml_index, d.name) for d in found] == [(0, 0, "NVIDIA A100-SXM4-80GB")]
+    assert hardware.driver_cuda_version() == ("535.104.05", (12, 2))
+
+
+def test_cuda_devices_take_nvmls_answers_for_the_gpu_with_their_uuid():
+    nvml = {0: {"uuid": "GPU-aaaa1111"}, 1: {"uuid": "GPU-bbbb2222"}, 2: {"uuid": "GPU-cccc3333"}}
+    # CUDA_VISIBLE_DEVICES=2,0: CUDA device 0 is NVML's 2; the UUIDs say so
+    assert hardware.match_nvml({0: "cccc3333", 1: "aaaa1111"}, nvml, "2,0") == {0: 2, 1: 0}
+    # no UUID from the runtime: the visible list, by UUID prefix, or by index in PCI order only
+    assert hardware.match_nvml({0: None}, nvml, "GPU-bbbb") == {0: 1}
+    assert hardware.match_nvml({0: None, 1: None}, nvml, "2,0", "PCI_BUS_ID") == {0: 2, 1: 0}
+    assert hardware.match_nvml({0: None, 1: None}, nvml, "2,0") == {0: None, 1: None}   # CUDA's own order
+    assert hardware.match_nvml({0: None}, {5: {"uuid": "GPU-x"}}) == {0: 5}             # the only GPU

@@ -11,7 +11,7 @@ from characterize import pipeline
 from characterize.config import ExperimentConfig, WorkloadConfig
 from characterize.errors import ConfigError, UnsupportedShape
 from characterize.hardware.devices import devices
-from characterize.kernels.registry import VARIANT_ORDER
+from characterize.kernels.registry import VARIANT_ORDER, VARIANTS
 from characterize.store import load_run
 from characterize.workloads.presets import HOTNESS_ORDER
 from tests.analysis.test_model import sass, static
@@ -83,3 +83,21 @@ def test_the_e2e_step_reuses_the_runs_predictions_and_they_give_the_same_step(mo
     partial = emb[emb["variant"] != "warp"]
     monkeypatch.undo()
     assert pipeline._e2e_embedding(partial, ["base", "warp"], exp.archs, exp.workload.dtype) is None
+
+
+def test_the_selftest_is_planned_under_ten_minutes_by_construction():
+    """The self-test's plan (upper bounds per step from the experiment's own budgets) fits
+    in 10 minutes on a GPU machine's cores; it checks each variant x dtype once (and mean
+    mode), and runs one ncu process (plus its cache collection) per variant."""
+    from characterize.config import DTYPES
+    from characterize.pipeline import SELFTEST_BUDGET_S, load_experiment, selftest_checks, selftest_plan
+
+    exp = load_experiment("selftest")
+    for cores in (8, 16):
+        plan = selftest_plan(exp, cores)
+        assert plan.seconds < SELFTEST_BUDGET_S, plan.lines()
+    steps = {name: (n, sec) for name, n, sec, _ in selftest_plan(exp, 16).steps}
+    assert steps["profile"][0] == len(exp.variants)   # processes: one per variant, not per point
+    public = [n for n, v in VARIANTS.items() if not v.test_only]   # fbgemm is checked where it is installed
+    assert steps["check"][0] == len(public) * (len(DTYPES) + 1) and selftest_checks()[-1] == ("mean", "fp32")
+    assert selftest_plan(exp, 16).lines()[0].startswith("self-test plan, at most")

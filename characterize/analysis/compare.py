@@ -88,6 +88,44 @@ def lookup_kernels(kernels: pd.DataFrame) -> pd.DataFrame:
     return kernels[~kernels["function"].astype(str).str.contains("l2_pin")]
 
 
+#: the SM clock a profiled kernel ran at (ncu's SpeedOfLight "SM Frequency", in every metric set), in Hz
+SM_CLOCK_METRIC = "gpc__cycles_elapsed.avg.per_second"
+
+
+def bench_vs_ncu(run: Run, mode: str = "steady") -> pd.DataFrame:
+    """Bench's durations beside Nsight Compute's, per (variant, dataset, table) of a run
+    that was benched and profiled. Columns: variant, dataset, table; bench_per_table_us
+    (one event pair around the batch of T launches, / T), bench_per_launch_us (the
+    per-launch diagnostic: one event pair around this table's launch, the launch
+    front-end included); ncu_duration_us (gpu__time_duration of the table's lookup
+    kernel, at the profile's clock policy); sm_frequency_MHz (ncu's SM clock for it);
+    ncu_over_bench (x, ncu / bench per table). Empty when either side is missing."""
+    points = [p for p in run.points("bench") if p.get("status") == "ok"]
+    k = run.kernels
+    if not points or k.empty or "duration_ns" not in k.columns:
+        return pd.DataFrame()
+    look = lookup_kernels(k)
+    m = run.metrics
+    clock = m[m["metric"] == SM_CLOCK_METRIC] if not m.empty and "metric" in m.columns else pd.DataFrame()
+    rows = []
+    for p in points:
+        row = next((r for r in p.get("summary", []) if r.get("mode") == mode), None)
+        if row is None:
+            continue
+        per_launch = (p.get("per_launch_table_us") or {}).get(mode) or []
+        mine = look[(look["variant"] == p["variant"]) & (look["dataset"] == p["dataset"])]
+        for t, g in mine.groupby("table"):
+            ncu_us = float(g["duration_ns"].mean()) / 1e3
+            mine_clock = clock[clock["kernel_id"].isin(g["kernel_id"])] if not clock.empty else clock
+            freq = float(mine_clock["value"].mean()) / 1e6 if not mine_clock.empty else float("nan")
+            rows.append({"variant": p["variant"], "dataset": p["dataset"], "table": int(t),
+                         "bench_per_table_us": row["per_table_us"],
+                         "bench_per_launch_us": per_launch[int(t)] if int(t) < len(per_launch) else float("nan"),
+                         "ncu_duration_us": ncu_us, "sm_frequency_MHz": freq,
+                         "ncu_over_bench": ncu_us / row["per_table_us"] if row["per_table_us"] else float("nan")})
+    return pd.DataFrame(rows)
+
+
 def compare_runs(a: pd.DataFrame, b: pd.DataFrame, keys: Iterable[str] = ("variant", "dataset", "function"),
                  value: str = "value", metric: str = "metric") -> tuple[pd.DataFrame, pd.DataFrame]:
     """Metric-by-metric comparison of two tidy metric tables on the metrics they share.

@@ -37,6 +37,7 @@ class DeviceInfo:
     source: str  # which APIs answered: "nvml+torch", "torch", "nvml"
     max_memory_clock_MHz: int | None = None   # NVML: the memory clock's top (HBM: the bus clock, x2 per transfer)
     memory_bus_width_bits: int | None = None  # NVML (or torch's device properties)
+    nvml_index: int | None = None             # the same GPU in NVML's numbering (matched by UUID), for clock samples
 
     @property
     def arch(self) -> str:
@@ -110,17 +111,25 @@ def throttle_verdict(clocks: Mapping[str, Any]) -> dict:
     (`{"before": {...}, "after": {...}}`): a slowdown reason in any sample, or power or
     thermal violation time that grew between the first and the last sample. Clocks
     sampled only around a point can miss a short slowdown; the violation counters
-    cannot, which is why both are read. `throttled` is None when nothing was sampled."""
+    cannot, which is why both are read. `throttled` is True on any evidence; False only
+    when every check could be made (reasons in every sample, both violation counters in
+    two); None, unknown, otherwise: nothing sampled, or what the GPU or driver does not
+    support, listed in `unsupported`."""
     samples = [v for v in clocks.values() if isinstance(v, Mapping) and v]
     reasons = sorted({r for v in samples for r in v.get("throttle_reasons", ()) if r in SLOWDOWN_REASONS})
-    grown = {}
+    grown, unsupported = {}, []
+    if not samples or any("throttle_reasons" not in v for v in samples):
+        unsupported.append("throttle_reasons")
     for key, name in (("power_violation_ns", "power"), ("thermal_violation_ns", "thermal")):
         vals = [v[key] for v in samples if isinstance(v.get(key), (int, float))]
         if len(vals) >= 2 and vals[-1] > vals[0]:
             grown[name] = (vals[-1] - vals[0]) / 1e6
+        if len(vals) < 2:
+            unsupported.append(key)
     temps = [v["temperature_C"] for v in samples if isinstance(v.get("temperature_C"), (int, float))]
-    return {"throttled": bool(reasons or grown) if samples else None, "reasons": reasons,
-            "violation_ms": grown, "max_temperature_C": max(temps) if temps else None}
+    throttled = True if (reasons or grown) else (None if unsupported else False)
+    return {"throttled": throttled, "reasons": reasons, "violation_ms": grown,
+            "max_temperature_C": max(temps) if temps else None, "unsupported": unsupported}
 
 
 def _nvml_query(h: object, calls: dict[str, object]) -> dict:
@@ -135,6 +144,9 @@ def _nvml_query(h: object, calls: dict[str, object]) -> dict:
 
 
 def _nvml_devices() -> tuple[dict[int, dict], str | None]:
+    """What NVML says of each GPU it sees (its own numbering, every GPU of the machine),
+    and the driver version. A GPU NVML cannot open or name (lost, no permission, in
+    reset) is left out; nothing NVML raises escapes."""
     try:
         import pynvml
     except ImportError:
@@ -145,14 +157,26 @@ def _nvml_devices() -> tuple[dict[int, dict], str | None]:
         return {}, None
     out: dict[int, dict] = {}
     n = pynvml
+    driver = None
     try:
-        driver = n.nvmlSystemGetDriverVersion()
-        driver = driver.decode() if isinstance(driver, bytes) else driver
-        for i in range(n.nvmlDeviceGetCount()):
-            h = n.nvmlDeviceGetHandleByIndex(i)
-            name = n.nvmlDeviceGetName(h)
-            info: dict = {"name": name.decode() if isinstance(name, bytes) else name}
+        try:
+            driver = n.nvmlSystemGetDriverVersion()
+            driver = driver.decode() if isinstance(driver, bytes) else driver
+        except Exception:
+            driver = None
+        try:
+            count = int(n.nvmlDeviceGetCount())
+        except Exception:
+            count = 0
+        for i in range(count):
+            try:
+                h = n.nvmlDeviceGetHandleByIndex(i)
+                name = n.nvmlDeviceGetName(h)
+            except Exception:
+                continue
+            info: dict = {"name": name.decode() if isinstance(name, bytes) else str(name)}
             info.update(_nvml_query(h, {
+                "uuid": lambda h: _text(n.nvmlDeviceGetUUID(h)),
                 "memory_bytes": lambda h: int(n.nvmlDeviceGetMemoryInfo(h).total),
                 "sm_clock_MHz": lambda h: int(n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM)),
                 "memory_clock_MHz": lambda h: int(n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_MEM)),
@@ -168,6 +192,72 @@ def _nvml_devices() -> tuple[dict[int, dict], str | None]:
         except Exception:
             pass
     return out, driver
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _uuid_key(uuid: object) -> str:
+    """A GPU UUID as NVML ('GPU-8f6c...') and the CUDA runtime ('8f6c...') both spell it."""
+    return str(uuid).strip().lower().removeprefix("gpu-")
+
+
+def match_nvml(cuda_uuids: Mapping[int, str | None], nvml: Mapping[int, Mapping], visible: str | None = None,
+               order: str | None = None) -> dict[int, int | None]:
+    """NVML's index of each CUDA device. By UUID where both answered; else through
+    CUDA_VISIBLE_DEVICES (`visible`: UUIDs or UUID prefixes, or indices, which follow
+    NVML's PCI order only with CUDA_DEVICE_ORDER=PCI_BUS_ID, `order`); else the same
+    index when the two see the same GPUs in PCI order, or the only GPU. None: unknown
+    (clock samples are then not taken rather than taken from another GPU)."""
+    by_uuid = {_uuid_key(info["uuid"]): j for j, info in nvml.items() if info.get("uuid")}
+    entries = [e.strip() for e in visible.split(",")] if visible else None
+    pci = (order or "").upper() == "PCI_BUS_ID"
+    out: dict[int, int | None] = {}
+    for i, uuid in cuda_uuids.items():
+        found = by_uuid.get(_uuid_key(uuid)) if uuid else None
+        if found is None and entries is not None and i < len(entries):
+            e = entries[i]
+            if e.isdigit():
+                found = int(e) if pci and int(e) in nvml else None
+            elif e.lower().startswith("gpu-"):
+                hits = [j for key, j in by_uuid.items() if key.startswith(_uuid_key(e))]
+                found = hits[0] if len(hits) == 1 else None
+        if found is None and entries is None:
+            if len(nvml) == 1 and len(cuda_uuids) == 1:
+                found = next(iter(nvml))
+            elif pci and i in nvml:
+                found = i
+        out[i] = found
+    return out
+
+
+def driver_cuda_version() -> tuple[str | None, tuple[int, int] | None]:
+    """(driver version, highest CUDA version it supports), from NVML
+    (nvmlSystemGetCudaDriverVersion) or, without it, the driver library itself
+    (libcuda's cuDriverGetVersion); (None, None) where there is no driver."""
+    driver, cuda = None, None
+    try:
+        import pynvml as n
+
+        n.nvmlInit()
+        try:
+            driver = _text(n.nvmlSystemGetDriverVersion())
+            v = int(n.nvmlSystemGetCudaDriverVersion())
+            cuda = (v // 1000, (v % 1000) // 10)
+        finally:
+            n.nvmlShutdown()
+    except Exception:
+        pass
+    if cuda is None:
+        try:
+            lib = ctypes.CDLL("libcuda.so.1")
+            v = ctypes.c_int()
+            if lib.cuDriverGetVersion(ctypes.byref(v)) == 0 and v.value > 0:
+                cuda = (v.value // 1000, (v.value % 1000) // 10)
+        except (OSError, AttributeError):
+            pass
+    return driver, cuda
 
 
 def sample_clocks(index: int | None) -> dict:
@@ -233,7 +323,8 @@ def _cuda_attribute(index: int, attr: int) -> int | None:
 
 
 def device_from_dump(index: int, nvml: dict, props: dict | None, cuda: dict | None = None,
-                     driver: str | None = None, runtime: str | None = None) -> DeviceInfo:
+                     driver: str | None = None, runtime: str | None = None,
+                     nvml_index: int | None = None) -> DeviceInfo:
     """A DeviceInfo from what NVML, torch's device properties and the CUDA runtime
     answered (dicts, as recorded in tests/data/gpus/*.json or queried live)."""
     p, n, c = props or {}, nvml or {}, cuda or {}
@@ -254,6 +345,7 @@ def device_from_dump(index: int, nvml: dict, props: dict | None, cuda: dict | No
         source="+".join(s for s, ok in (("nvml", bool(n)), ("torch", bool(p))) if ok),
         max_memory_clock_MHz=n.get("max_memory_clock_MHz"),
         memory_bus_width_bits=n.get("memory_bus_width_bits") or p.get("memory_bus_width"),
+        nvml_index=nvml_index if nvml_index is not None else (index if n else None),
     )
 
 
@@ -261,10 +353,16 @@ _PROPS = ("name", "major", "minor", "multi_processor_count", "L2_cache_size", "t
 
 
 def devices() -> list[DeviceInfo]:
-    """Every visible CUDA GPU, from NVML, torch and the CUDA runtime together; [] when there is none."""
+    """Every visible CUDA GPU, from NVML, torch and the CUDA runtime together; [] when
+    there is none. CUDA's index i and NVML's numbering differ (CUDA_VISIBLE_DEVICES,
+    CUDA's own order): each CUDA device takes NVML's answers for the GPU with its UUID
+    (match_nvml), never simply NVML's device i."""
+    import os
+
     nvml, driver = _nvml_devices()
     torch_props: dict[int, dict] = {}
     cuda: dict[int, dict] = {}
+    uuids: dict[int, str | None] = {}
     runtime = None
     try:
         import torch
@@ -274,12 +372,20 @@ def devices() -> list[DeviceInfo]:
             for i in range(torch.cuda.device_count()):
                 p = torch.cuda.get_device_properties(i)
                 torch_props[i] = {k: getattr(p, k) for k in _PROPS if hasattr(p, k)}
+                uuids[i] = str(p.uuid) if getattr(p, "uuid", None) else None
                 persisting = _cuda_attribute(i, CUDA_ATTR_MAX_PERSISTING_L2)
                 cuda[i] = {"max_persisting_l2_bytes": persisting} if persisting else {}
     except Exception:
         pass
-    return [device_from_dump(i, nvml.get(i, {}), torch_props.get(i), cuda.get(i), driver, runtime)
-            for i in sorted(set(nvml) | set(torch_props))]
+    if not torch_props:   # no CUDA device through torch: what NVML sees, as CUDA would number it
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        ids = sorted(nvml) if visible is None else [int(e) for e in visible.split(",") if e.strip().isdigit()]
+        return [device_from_dump(k, nvml[j], None, None, driver, runtime, nvml_index=j)
+                for k, j in enumerate(j for j in ids if j in nvml)]
+    where = match_nvml(uuids, nvml, os.environ.get("CUDA_VISIBLE_DEVICES"), os.environ.get("CUDA_DEVICE_ORDER"))
+    return [device_from_dump(i, nvml.get(where[i], {}) if where[i] is not None else {}, torch_props[i], cuda.get(i),
+                             driver, runtime, nvml_index=where[i])
+            for i in sorted(torch_props)]
 
 
 def require_gpu() -> DeviceInfo:

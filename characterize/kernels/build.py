@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterable, Iterator
 from characterize import toolchain
 from characterize.config import DTYPES
 from characterize.errors import BuildError, ToolchainNotFound
+from characterize.hardware.devices import driver_cuda_version
 from characterize.hardware.specs import ARCHS, REFERENCE_ARCH, nearest_arch
 from characterize.progress import Progress, Reporter, as_reporter
 
@@ -71,6 +72,18 @@ class Toolchain:
     path: Path
     version: str
     found_in: str  # PATH | CUDA_HOME | /usr/local/cuda | pip wheel | CHARACTERIZE_NVCC | host
+    chosen: str = ""  # why this one: the driver it was chosen for, or that there is none here
+
+    def describe(self) -> str:
+        """One line for build logs and meta.json."""
+        return f"{self.path} ({self.version}, from {self.found_in}" + (f"; {self.chosen})" if self.chosen else ")")
+
+
+#: the oldest Linux driver each CUDA major version runs on (CUDA Toolkit release notes, "CUDA
+#: Toolkit and Corresponding Driver Versions", minor version compatibility): a library built
+#: with toolkit X.y, whose CUDA runtime is linked in statically, loads only under a driver
+#: that reports CUDA X or newer
+MIN_DRIVER = {11: "450.80.02", 12: "525.60.13", 13: "580.65.06"}
 
 
 def _nvcc_version(path: Path) -> str:
@@ -84,18 +97,60 @@ def _nvcc_version(path: Path) -> str:
 
 @lru_cache(maxsize=None)
 def find_nvcc() -> Toolchain:
-    """nvcc from $CHARACTERIZE_NVCC, PATH, $CUDA_HOME, /usr/local/cuda or a pip wheel
-    (characterize.toolchain: one search for every CUDA tool)."""
+    """The CUDA compiler to build with: from $CHARACTERIZE_NVCC, PATH, $CUDA_HOME, a pip
+    wheel or /usr/local/cuda* (characterize.toolchain: one search for every CUDA tool),
+    the first whose CUDA version the installed driver supports (choose_nvcc)."""
     try:
-        found = toolchain.find("nvcc", "CHARACTERIZE_NVCC")
+        found = toolchain.find_all("nvcc", "CHARACTERIZE_NVCC")
     except toolchain.ToolNamedMissing as e:
         raise ToolchainNotFound(f"nvcc: {e}; point $CHARACTERIZE_NVCC at an nvcc executable or unset it") from None
-    if found is None:
+    return choose_nvcc(found, *driver_cuda_version())
+
+
+def choose_nvcc(found: list[tuple[Path, str]], driver: str | None, cuda: tuple[int, int] | None) -> Toolchain:
+    """The first of `found` (path, where) that the driver (`driver`, supporting CUDA
+    `cuda`) can load what it builds: its CUDA major version at most the driver's (minor
+    versions are compatible within a major). Without a driver (static builds) the first.
+    ToolchainNotFound naming the driver and the version needed when none fits."""
+    if not found:
         raise ToolchainNotFound(
             f"no nvcc found (looked at {toolchain.searched('nvcc', 'CHARACTERIZE_NVCC')}). Install one with "
             "`pip install 'characterize[nvcc]'` (NVIDIA's nvidia-cuda-nvcc wheel, no system toolkit needed) or "
             "install the CUDA toolkit and set CUDA_HOME.")
-    return Toolchain(found[0], _nvcc_version(found[0]), found[1])
+    if cuda is None:
+        path, where = found[0]
+        return Toolchain(path, _nvcc_version(path), where, "no NVIDIA driver here: the first nvcc found")
+    newer = []
+    for path, where in found:
+        version = _nvcc_version(path)
+        major = _major(version)
+        if major is not None and major <= cuda[0]:
+            return Toolchain(path, version, where, f"chosen for driver {driver or '?'} (CUDA {cuda[0]}.{cuda[1]})")
+        newer.append((major, version, path))
+    need = min(m for m, _, _ in newer if m is not None) if any(m is not None for m, _, _ in newer) else None
+    raise ToolchainNotFound(
+        f"the NVIDIA driver {driver or '?'} supports CUDA up to {cuda[0]}.{cuda[1]}, but every nvcc found is newer ("
+        + ", ".join(f"{v} at {p}" for _, v, p in newer) + ")"
+        + (f"; CUDA {need} needs driver >= {MIN_DRIVER[need]}" if need in MIN_DRIVER else "")
+        + f". Update the driver, or install a CUDA {cuda[0]}.x toolkit (NVIDIA's installer or package repository; "
+        f"PyPI has no CUDA {cuda[0]} nvcc) and point CHARACTERIZE_NVCC or CUDA_HOME at it")
+
+
+def toolkit_record() -> dict[str, Any]:
+    """What meta.json records of the CUDA compiler a run builds with and why it was chosen."""
+    driver, cuda = driver_cuda_version()
+    record: dict[str, Any] = {"driver": driver, "driver_cuda": f"{cuda[0]}.{cuda[1]}" if cuda else None}
+    try:
+        tool = find_nvcc()
+    except ToolchainNotFound as e:
+        return record | {"error": str(e)}
+    return record | {"nvcc": str(tool.path), "version": tool.version, "found_in": tool.found_in,
+                     "chosen": tool.chosen}
+
+
+def _major(version: str) -> int | None:
+    m = re.match(r"(\d+)\.", version)
+    return int(m.group(1)) if m else None
 
 
 @lru_cache(maxsize=None)
@@ -340,6 +395,7 @@ def _cache_dir(spec: BuildSpec, tool: Toolchain) -> Path:
     fields = asdict(spec)
     if spec.source == SOURCE:   # the forward's cache keys stay those it had before the training source
         del fields["source"]
+    # the toolkit is the compiler's path and version: its headers and static CUDA runtime go with it
     key_data = json.dumps({"format": CACHE_FORMAT, "spec": fields, "compiler": str(tool.path),
                            "version": tool.version, "sources": _source_digest(spec.source)}, sort_keys=True)
     return cache_root() / "build" / hashlib.sha256(key_data.encode()).hexdigest()[:20]
@@ -381,7 +437,7 @@ def build(spec: BuildSpec, *, force: bool = False) -> BuildResult:
                                  f"of {buildable_arch(spec.arch)} (`characterize predict --arch {spec.arch}`)")
             tail = "\n".join(log.strip().splitlines()[-25:])
             raise BuildError(f"compiling {spec.source} for {spec.label()} failed ({tool.path}):\n{tail}")
-        meta = {"command": cmd, "compiler": f"{tool.path} ({tool.version}, from {tool.found_in})",
+        meta = {"command": cmd, "compiler": tool.describe(),
                 "log": log, "seconds": seconds}
         (tmp / "build.json").write_text(json.dumps(meta, indent=1))
         if force and final.exists():

@@ -287,16 +287,23 @@ def _cudart() -> ctypes.CDLL:
 
 
 class ManagedTable:
-    """A copy of a table in CUDA managed memory (cudaMallocManaged, attached globally):
-    the GPU reads it in place and the driver migrates the pages it touches."""
+    """A copy of a table in CUDA managed memory (cudaMallocManaged, attached globally),
+    placed by `mode`: "zero-copy" (default, what FBGEMM's UVM tables use) advises the
+    driver that the pages live on the host and the GPU accesses them, so the GPU reads
+    host memory over the bus and nothing migrates; "migrate" gives no advice, and the
+    pages the GPU touches move to it (a table that fits ends up read like `base`'s)."""
 
-    def __init__(self, table: torch.Tensor):
+    MODES = ("zero-copy", "migrate")
+
+    def __init__(self, table: torch.Tensor, mode: str = "zero-copy", library: object = None):
         if not torch.cuda.is_available():
             raise NoCudaDevice("no CUDA device: managed memory (the uvm variant's GPU path) needs one; on the "
                                "CPU backend the uvm variant reads the table directly")
+        if mode not in self.MODES:
+            raise ConfigError(f"managed-memory mode must be one of {', '.join(self.MODES)}, got {mode!r}")
         src = table.detach().contiguous().cpu()
         self.nbytes = src.numel() * src.element_size()
-        self.shape, self.dtype = tuple(src.shape), src.dtype
+        self.shape, self.dtype, self.mode = tuple(src.shape), src.dtype, mode
         self.ptr = ctypes.c_void_p()
         lib = _cudart()
         code = lib.cudaMallocManaged(ctypes.byref(self.ptr), max(1, self.nbytes), 1)   # cudaMemAttachGlobal
@@ -304,10 +311,21 @@ class ManagedTable:
             raise KernelLaunchError(f"cudaMallocManaged of {self.nbytes:,} bytes failed (code {code})")
         torch.cuda.synchronize()
         ctypes.memmove(self.ptr.value, src.data_ptr(), self.nbytes)   # host writes: pages start on the host
+        if library is not None:   # the advice, through the kernel library (its runtime's own signature)
+            fn = library.lib.chz_managed_advise
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int, ctypes.c_int]
+            library.check(fn(self.ptr, self.nbytes, self.MODES.index(mode), torch.cuda.current_device()),
+                          f"advising managed memory ({mode})")
 
     @property
     def data_ptr(self) -> int:
         return int(self.ptr.value or 0)
+
+    def describe(self) -> dict:
+        """What a point records about its managed table."""
+        advice = (["preferred location: host", "accessed by: the GPU"] if self.mode == "zero-copy"
+                  else ["none: pages migrate on first touch"])
+        return {"mode": self.mode, "bytes": self.nbytes, "advice": advice}
 
     def close(self) -> None:
         if self.ptr.value:

@@ -139,7 +139,8 @@ def cache_trace(dataset: str, config: WorkloadConfig) -> tuple[list[tuple[torch.
 
 def check_cache_batches(variant: str, weight: Table, batches: list[tuple[torch.Tensor, torch.Tensor]],
                         warm: torch.Tensor | None, *, mode: str = "sum", padding_idx: int | None = None,
-                        params: dict | None = None, backend: str | None = None, dataset: str = "") -> CheckResult:
+                        params: dict | None = None, backend: str | None = None, dataset: str = "",
+                        gpu=None) -> CheckResult:
     """A host-resident variant over several batches with one cache: each batch against torch
     on the full table, and after each the cache's maps and slots against the host table.
     `warm`: the trace whose frequencies warm the cache (another table's, so rows get evicted)."""
@@ -155,7 +156,7 @@ def check_cache_batches(variant: str, weight: Table, batches: list[tuple[torch.T
         for idx, _ in batches:
             check_indices(idx, E)
         tk = bind(variant, weight.clone(), trace=warm, params=params, mode=mode, padding_idx=padding_idx,
-                  backend=backend)
+                  backend=backend, gpu=gpu)
         try:
             for idx, off in batches:
                 ref = torch.nn.functional.embedding_bag(idx, wide, off, mode=mode, padding_idx=padding_idx)
@@ -190,9 +191,10 @@ def check_variants(variants: Iterable[str] | None = None, datasets: Iterable[str
                    config: WorkloadConfig | None = None, modes: Iterable[str] = ("sum", "mean"),
                    backend: str | None = None, params: dict[str, dict] | None = None,
                    progress: Callable[[str], None] | None = None,
-                   dtypes: Iterable[str] | None = None) -> list[CheckResult]:
+                   dtypes: Iterable[str] | None = None, gpu=None) -> list[CheckResult]:
     """Check every variant x dtype x dataset x mode on the first batch of table 0
-    (dtypes: the config's, or the given ones)."""
+    (dtypes: the config's, or the given ones). `gpu`: the device's GpuSpec, asked for
+    once by the caller (without it, each CUDA check asks the driver again)."""
     config = config or WorkloadConfig.tiny()
     names = list(variants) if variants is not None else [n for n, v in VARIANTS.items() if not v.test_only]
     params = params or {}
@@ -218,13 +220,13 @@ def check_variants(variants: Iterable[str] | None = None, datasets: Iterable[str
                                                    dtype))
                         continue
                     r = check_one(name, weight, idx, off, mode=mode, params=params.get(name), backend=backend,
-                                  dataset=ds_name)
+                                  dataset=ds_name, gpu=gpu)
                     if progress:
                         progress(f"{name:9s} {dtype:5s} {ds_name:9s} {mode:4s} {'ok' if r.passed else 'FAIL'}")
                     results.append(r)
                     if get_variant(name).host == "cache":
                         r = check_cache_batches(name, weight, cache_batches, cache_warm, mode=mode,
-                                                params=params.get(name), backend=backend, dataset=ds_name)
+                                                params=params.get(name), backend=backend, dataset=ds_name, gpu=gpu)
                         if progress:
                             progress(f"{name:9s} {dtype:5s} {ds_name:9s} {mode:4s} {'ok' if r.passed else 'FAIL'} "
                                      f"over {len(cache_batches)} batches ({r.note})")

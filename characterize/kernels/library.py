@@ -9,9 +9,10 @@ tensors) and the CPU-emulation build (CPU tensors), so correctness is checked wi
 from __future__ import annotations
 
 import ctypes
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Iterator, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -32,6 +33,7 @@ from characterize.kernels.registry import (
     Variant,
     default_cache_rows,
     get_variant,
+    uvm_mode,
 )
 from characterize.kernels.static import resolve_params
 
@@ -54,13 +56,22 @@ class LaunchArgs(ctypes.Structure):
                 ("prefetch_distance", ctypes.c_int32)]
 
 
+class Window(ctypes.Structure):
+    """chz_window: the access-policy window an l2w launch carries (a launch attribute)."""
+
+    _fields_ = [("base", ctypes.c_void_p), ("bytes", ctypes.c_uint64), ("hit_ratio", ctypes.c_float)]
+
+
 class EmuState(ctypes.Structure):
     _fields_ = [("l2_bytes", ctypes.c_uint64), ("max_persisting_bytes", ctypes.c_uint64),
                 ("max_window_bytes", ctypes.c_uint64), ("persisting_limit", ctypes.c_uint64),
                 ("persisting_resets", ctypes.c_int64), ("window_base", ctypes.c_uint64),
                 ("window_bytes", ctypes.c_uint64), ("window_hit_ratio", ctypes.c_float),
                 ("window_hit_prop", ctypes.c_int32), ("window_miss_prop", ctypes.c_int32),
-                ("_pad", ctypes.c_int32), ("prefetch_count", ctypes.c_int64)]
+                ("_pad", ctypes.c_int32), ("prefetch_count", ctypes.c_int64),
+                ("launch_window_base", ctypes.c_uint64), ("launch_window_bytes", ctypes.c_uint64),
+                ("launch_window_hit_ratio", ctypes.c_float), ("_pad2", ctypes.c_int32),
+                ("windowed_launches", ctypes.c_int64)]
 
 
 class CudaLibrary:
@@ -97,6 +108,11 @@ class KernelLibrary(CudaLibrary):
             fn = getattr(L, name)
             fn.argtypes = [ctypes.POINTER(BagArgs), ctypes.POINTER(LaunchArgs), ctypes.c_void_p]
             fn.restype = ctypes.c_int
+        L.chz_forward_base_window.argtypes = [ctypes.POINTER(BagArgs), ctypes.POINTER(LaunchArgs), ctypes.c_void_p,
+                                              ctypes.POINTER(Window)]
+        L.chz_forward_base_window.restype = ctypes.c_int
+        L.chz_l2_window_plan.argtypes = [ctypes.c_uint64, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_float)]
+        L.chz_l2_window_plan.restype = ctypes.c_int
         L.chz_l2_pin.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                                  ctypes.c_int64, ctypes.c_void_p]
         L.chz_l2_pin.restype = ctypes.c_int
@@ -129,6 +145,23 @@ class KernelLibrary(CudaLibrary):
     def l2_set_aside_restore(self, previous: int) -> None:
         """Demote persisting lines and put the set-aside back to `previous` bytes."""
         self.check(self.lib.chz_l2_set_aside_restore(previous), "restoring the persisting-L2 set-aside")
+
+    def l2_save(self, stream: int | None) -> ctypes.Array:
+        """The persisting-L2 limit and the stream's access-policy window, as they are now."""
+        state = ctypes.create_string_buffer(self.lib.chz_l2_state_size())
+        self.check(self.lib.chz_l2_window_save(stream, state), "saving the L2 state")
+        return state
+
+    def l2_restore(self, stream: int | None, state: ctypes.Array) -> None:
+        """Put back what l2_save read: the stream's window, then (persisting lines demoted) the limit."""
+        self.check(self.lib.chz_l2_window_restore(stream, state), "restoring the L2 state")
+
+    def l2_window_plan(self, nbytes: int) -> tuple[int, float]:
+        """(window bytes, hit ratio) for `nbytes` of hot rows under the current set-aside."""
+        size, ratio = ctypes.c_uint64(), ctypes.c_float()
+        self.check(self.lib.chz_l2_window_plan(nbytes, ctypes.byref(size), ctypes.byref(ratio)),
+                   "planning the L2 access-policy window")
+        return size.value, ratio.value
 
     def kernel_info(self, which: str, block: int) -> tuple[int, int]:
         """(resident blocks per SM, registers per thread) as the CUDA runtime reports them."""
@@ -302,7 +335,8 @@ class TableKernel:
     dim: int = 0                             # D (0: the weight's columns; int8 rows are wider)
     _remap: torch.Tensor | None = field(default=None, repr=False)
     _order: torch.Tensor | None = field(default=None, repr=False)
-    _saved: Any = field(default=None, repr=False)
+    _window: Window | None = field(default=None, repr=False)       # l2w: the window its launches carry
+    _dequantized: torch.Tensor | None = field(default=None, repr=False)  # torch on int8: fp32, made once
     window: dict[str, float] = field(default_factory=dict)
     cache: HostCache | None = None           # cache: the GPU row cache of the host-resident table
     managed: ManagedTable | None = None      # uvm on a GPU: the table in managed memory
@@ -313,6 +347,16 @@ class TableKernel:
         self.variant.check_shape(self.dim, self.dtype)
         if self.variant.l2 == "window":
             self._reorder_table()
+        if self.library is None and DTYPES[self.dtype].qparam_bytes:
+            # torch has no row-wise int8 lookup: the table is dequantized once here, never in a timed launch
+            self._dequantized = dequantize(QuantizedTable(self.weight, self.dim, self.dtype))
+
+    @property
+    def hot_bytes(self) -> int:
+        """Bytes of the hot rows this variant pins or windows (row strides included)."""
+        if self.hot_rows is None:
+            return 0
+        return len(self.hot_rows) * self.weight.stride(0) * self.weight.element_size()
 
     # -- l2w: the hot set becomes rows 0..K-1 of the (in-place reordered) table --
     def _reorder_table(self) -> None:
@@ -340,25 +384,28 @@ class TableKernel:
         return int(self._remap[self.padding_idx]) if self._remap is not None else self.padding_idx
 
     def prepass(self) -> None:
-        """Work done before the lookup kernel: pin hot rows (l2p) or set the window (l2w)."""
-        if self.library is None or self.hot_rows is None or not len(self.hot_rows):
+        """Work done before the lookup kernel: pin the hot rows (l2p, combined). l2w has
+        none: its launches carry the window planned once per point (device_state)."""
+        if self.library is None or self.hot_rows is None or not len(self.hot_rows) or self.variant.l2 != "prefetch":
             return
         stream = _stream_handle(self.weight.device)
-        if self.variant.l2 == "prefetch":
-            code = self.library.lib.chz_l2_pin(self.weight.data_ptr(), self.dim, self.weight.stride(0),
-                                               self.weight.stride(1), self.hot_rows.data_ptr(), len(self.hot_rows),
-                                               stream)
-            self.library.check(code, "L2 pinning pre-pass")
-        elif self.variant.l2 == "window":
-            if self._saved is None:
-                self._saved = ctypes.create_string_buffer(self.library.lib.chz_l2_state_size())
-                self.library.check(self.library.lib.chz_l2_window_save(stream, self._saved), "saving the L2 state")
-            carve, nbytes, ratio = ctypes.c_uint64(), ctypes.c_uint64(), ctypes.c_float()
-            hot_bytes = len(self.hot_rows) * self.weight.stride(0) * self.weight.element_size()
-            code = self.library.lib.chz_l2_window_apply(stream, self.weight.data_ptr(), hot_bytes,
-                                                        ctypes.byref(carve), ctypes.byref(nbytes), ctypes.byref(ratio))
-            self.library.check(code, "setting the L2 access-policy window")
-            self.window = {"carveout_bytes": carve.value, "window_bytes": nbytes.value, "hit_ratio": ratio.value}
+        code = self.library.lib.chz_l2_pin(self.weight.data_ptr(), self.dim, self.weight.stride(0),
+                                           self.weight.stride(1), self.hot_rows.data_ptr(), len(self.hot_rows),
+                                           stream)
+        self.library.check(code, "L2 pinning pre-pass")
+
+    def plan_window(self, carveout: int) -> None:
+        """l2w: this table's access-policy window under the set-aside now in force
+        (`carveout` bytes), planned once per point, outside any timed unit."""
+        if self.variant.l2 != "window" or self.library is None or not self.hot_bytes:
+            return
+        nbytes, ratio = self.library.l2_window_plan(self.hot_bytes)
+        self._window = Window(self.weight.data_ptr(), nbytes, ratio)
+        self.window = {"carveout_bytes": int(carveout), "window_bytes": int(nbytes), "hit_ratio": float(ratio)}
+
+    def forget_window(self) -> None:
+        """Launch without a window again (the set-aside it was planned for is gone)."""
+        self._window = None
 
     def launch(self, indices: torch.Tensor, offsets: torch.Tensor, per_sample_weights: torch.Tensor | None = None,
                out: BagOutputs | None = None) -> BagOutputs:
@@ -378,8 +425,8 @@ class TableKernel:
             return BagOutputs(y, empty, empty)
         if self.library is None:
             pad = self.padding_idx
-            if DTYPES[self.dtype].qparam_bytes:  # int8: dequantized with torch's ops
-                weight = dequantize(QuantizedTable(self.weight, self.dim, self.dtype))
+            if self._dequantized is not None:  # int8: the table torch reads, dequantized at bind
+                weight = self._dequantized
             y = torch.nn.functional.embedding_bag(indices, weight, offsets, mode=self.mode, padding_idx=pad,
                                                   per_sample_weights=per_sample_weights)
             empty = torch.empty(0, dtype=torch.int64, device=weight.device)
@@ -402,25 +449,71 @@ class TableKernel:
             per_sample_weights_stride=per_sample_weights.stride(0) if per_sample_weights is not None else 0)
         bx, by = self.variant.block
         launch = LaunchArgs(bx, by, self.variant.grid, self.params.get("P", 2))
-        entry = getattr(self.library.lib, self.variant.entry)
-        code = entry(ctypes.byref(args), ctypes.byref(launch), _stream_handle(indices.device))
+        stream = _stream_handle(indices.device)
+        if self._window is not None:   # l2w: the window travels with the launch (a launch attribute)
+            code = self.library.lib.chz_forward_base_window(ctypes.byref(args), ctypes.byref(launch), stream,
+                                                            ctypes.byref(self._window))
+        else:
+            code = getattr(self.library.lib, self.variant.entry)(ctypes.byref(args), ctypes.byref(launch), stream)
         self.library.check(code, f"variant {self.variant.name}")
         return out
 
     def close(self) -> None:
-        """Restore the device/stream L2 state and the table's row order; free managed memory."""
+        """Restore the table's row order and free managed memory (the device state a point
+        changed is device_state's to restore)."""
+        self._window = None
         if self.managed is not None:
             self.managed.close()
             self.managed = None
-        if self._saved is not None and self.library is not None:
-            stream = _stream_handle(self.weight.device)
-            self.library.check(self.library.lib.chz_l2_window_restore(stream, self._saved), "restoring the L2 state")
-            self._saved = None
         if self._order is not None:
             restored = torch.empty_like(self.weight)
             restored[self._order] = self.weight
             self.weight.copy_(restored)
             self._order = self._remap = None
+
+
+def close_all(kernels: Sequence[TableKernel]) -> None:
+    """Close a point's kernels last bound first; every one is closed even if one fails."""
+    error: Exception | None = None
+    for k in reversed(list(kernels)):
+        try:
+            k.close()
+        except Exception as e:  # noqa: BLE001 - the first failure is raised once all are closed
+            error = error or e
+    if error is not None:
+        raise error
+
+
+@contextmanager
+def device_state(kernels: Sequence[TableKernel], set_aside: bool = True) -> Iterator[dict[str, int]]:
+    """The device state one point of `kernels` (one per table) runs in, set up once and
+    put back once. Before the first change the persisting-L2 limit and the stream's
+    access-policy window are saved; when the block ends, after every table and whatever
+    failed, they are restored (persisting lines demoted first), so the next point, the
+    next variant or the next process sees the device as it was, however many tables ran.
+
+    l2p/combined get a set-aside sized for the largest table's pinned rows (`set_aside`
+    False: measured without one); l2w gets one for the largest hot set and each table's
+    window is planned against it, carried by its launches (no stream attribute changes
+    between tables). Yields {requested_bytes, granted_bytes, previous_bytes}, or {} when
+    the variant changes nothing on the device."""
+    owners = [k for k in kernels if k.library is not None and k.variant.l2 != "none" and k.hot_bytes]
+    if not owners or (owners[0].variant.l2 == "prefetch" and not set_aside):
+        yield {}
+        return
+    lib = owners[0].library
+    stream = _stream_handle(owners[0].weight.device)
+    saved = lib.l2_save(stream)
+    try:
+        hot = max(k.hot_bytes for k in owners)
+        granted, previous = lib.l2_set_aside(hot)
+        for k in owners:
+            k.plan_window(granted)
+        yield {"requested_bytes": int(hot), "granted_bytes": int(granted), "previous_bytes": int(previous)}
+    finally:
+        for k in reversed(owners):
+            k.forget_window()
+        lib.l2_restore(stream, saved)
 
 
 def check_indices(indices: torch.Tensor, rows: int, where: str = "indices") -> None:
@@ -477,8 +570,10 @@ def bind(variant: str | Variant, weight: Table, *, trace: torch.Tensor | None = 
     gpu = gpu or gpu_spec(REFERENCE_ARCH)
     p = resolve_params(v, params, arch, gpu, DTYPES[dtype].element_bytes * D + DTYPES[dtype].qparam_bytes, dtype=dtype)
     library = load_library(v.build_spec(backend, arch, p, dtype))
-    if library.emulated:
-        library.emu_configure(gpu.l2_bytes, gpu.max_persisting_l2_bytes)
+    if library.emulated:   # one emulated device per process: resized only for another GPU, never reset between binds
+        s = library.emu_state()
+        if (s.l2_bytes, s.max_persisting_bytes) != (gpu.l2_bytes, gpu.max_persisting_l2_bytes):
+            library.emu_configure(gpu.l2_bytes, gpu.max_persisting_l2_bytes)
     hot = None
     if v.l2 != "none":
         k = p.get("K", 0)
@@ -493,7 +588,8 @@ def bind(variant: str | Variant, weight: Table, *, trace: torch.Tensor | None = 
         return TableKernel(v, p, weight, library, None, mode, padding_idx, dtype, D, cache=cache)
     if v.host == "uvm" and backend == "cuda":   # on the CPU backend the uvm variant reads the table itself
         table = weight.detach().contiguous()    # the layout the kernel reads its managed copy with
-        return TableKernel(v, p, table, library, None, mode, padding_idx, dtype, D, managed=ManagedTable(table))
+        return TableKernel(v, p, table, library, None, mode, padding_idx, dtype, D,
+                           managed=ManagedTable(table, uvm_mode(p), library))
     return TableKernel(v, p, weight, library, hot, mode, padding_idx, dtype, D)
 
 
@@ -505,11 +601,12 @@ def run_variant(variant: str | Variant, weight: Table, indices: torch.Tensor, of
     tk = bind(variant, weight, trace=indices, params=params, mode=mode, padding_idx=padding_idx,
               backend=backend, gpu=gpu)
     try:
-        mapped = tk.map_indices(indices)
-        tk.prepass()
-        out = tk.launch(mapped, offsets, per_sample_weights)
-        if out.output.is_cuda:
-            torch.cuda.synchronize(out.output.device)
+        with device_state([tk]):
+            mapped = tk.map_indices(indices)
+            tk.prepass()
+            out = tk.launch(mapped, offsets, per_sample_weights)
+            if out.output.is_cuda:
+                torch.cuda.synchronize(out.output.device)
         return out
     finally:
         tk.close()

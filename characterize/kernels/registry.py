@@ -149,6 +149,19 @@ _K = Param("K", "hot rows kept in L2 (default: the GPU's persisting-L2 budget / 
 _C = Param("C", "rows of the GPU cache of a host-resident table (default: 1.5% of E, the share at which the "
                 "frequency-aware cache of Fang et al. 2022 reports a decent speed)", None, 1)
 
+_MIGRATE = Param("migrate", "uvm: 0 zero-copy, the table stays in host memory and the GPU reads it over the bus "
+                            "(preferred location host, accessed by the GPU, as FBGEMM's UVM tables); 1 pages "
+                            "migrate to the GPU on first touch", 0, 0, 1)
+
+#: the uvm variant's modes, by its `migrate` parameter
+UVM_MODES = ("zero-copy", "migrate")
+
+
+def uvm_mode(params: dict[str, Any]) -> str:
+    """The uvm variant's mode for resolved parameters: zero-copy (default) or migrate."""
+    return UVM_MODES[int(params.get("migrate", 0))]
+
+
 #: the cache's default size as a share of E: 1.5% of the embedding parameters on the GPU (Fang et al. 2022)
 DEFAULT_CACHE_RATIO = 0.015
 
@@ -201,9 +214,11 @@ register(Variant("cache", "host-resident table in pinned memory with a GPU cache
                           "frequency-aware eviction, then base's kernel on cache slots",
                  entry="chz_forward_base", kernel="chz_base_kernel<false>", params=(_C,), per_sample_weights=True,
                  host="cache"))
-register(Variant("uvm", "host-resident table in CUDA managed memory: base's kernel reads it and the driver migrates "
-                        "the pages it touches (on the CPU backend it is just the table)",
-                 entry="chz_forward_base", kernel="chz_base_kernel<false>", per_sample_weights=True, host="uvm"))
+register(Variant("uvm", "host-resident table in CUDA managed memory, base's kernel reading it: zero-copy by default "
+                        "(the pages stay on the host), or migrating the pages it touches (migrate=1); on the CPU "
+                        "backend it is just the table",
+                 entry="chz_forward_base", kernel="chz_base_kernel<false>", params=(_MIGRATE,),
+                 per_sample_weights=True, host="uvm"))
 register(Variant("wrong", "base with an off-by-one dropping each bag's last index (test-only: the checker must fail)",
                  entry="chz_forward_wrong", kernel="chz_base_kernel<true>", test_only=True))
 

@@ -29,7 +29,7 @@ from characterize.analysis.model.e2e import BACKWARDS
 from characterize.config import DlrmConfig, WorkloadConfig
 from characterize.errors import ConfigError, NoCudaDevice
 from characterize.kernels import training
-from characterize.kernels.library import TableKernel, bind
+from characterize.kernels.library import TableKernel, bind, close_all, device_state
 from characterize.measure.timing import summarize
 from characterize.workloads.traces import Dataset, generate, load_dataset
 
@@ -181,10 +181,10 @@ def embedding_stage(model: Dlrm, variant: str, traces: Sequence[torch.Tensor], b
     try:
         for w, tr in zip(model.tables, traces):
             kernels.append(bind(variant, w, trace=tr, params=params, backend=backend, gpu=gpu))
-        yield VariantEmbed(kernels)
+        with device_state(kernels):   # saved once before the first change, restored once after the last table
+            yield VariantEmbed(kernels)
     finally:
-        for k in kernels:
-            k.close()
+        close_all(kernels)
 
 
 def inference(model: Dlrm, batch: Batch, embed: Embed,

@@ -19,6 +19,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from typing import Callable
 
 PR_SET_PDEATHSIG = 1
@@ -85,3 +86,35 @@ def watch_pipe(fd: int = 0, on_close: Callable[[], None] | None = None) -> threa
     thread = threading.Thread(target=watch, name="parent-watchdog", daemon=True)
     thread.start()
     return thread
+
+
+#: seconds an orphaned worker gets to stop cleanly (finish writing a point file) before it is ended hard
+ORPHAN_GRACE_S = 2.0
+
+
+def _stop(signum: int, _frame: object) -> None:
+    """SIGTERM (the parent-death signal): unwind, so temporaries are removed and kernels closed."""
+    raise SystemExit(EXIT_ORPHANED)
+
+
+def _orphaned() -> None:
+    """The supervisor's pipe closed: stop like on SIGTERM, and hard after a grace period
+    (the main thread may be inside a long native call)."""
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(ORPHAN_GRACE_S)
+
+
+def supervise(supervisor: int | None) -> None:
+    """Tie a worker process to the runner that started it, and only to it. With the
+    supervisor's pid: the parent-death signal when the supervisor is its direct parent
+    (armed, then the parent checked again, so a parent that died in between is seen),
+    and the stdin-pipe watchdog in any case. Without one (the profile target, which ncu
+    forks: its parent is ncu's, whose exit is no reason to stop) nothing is armed; the
+    runner ends ncu's whole process group instead. SIGTERM unwinds the process either way."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _stop)
+    if supervisor is None:
+        return
+    if os.getppid() == supervisor:
+        die_with_parent(signal.SIGTERM, parent=supervisor)
+    watch_pipe(0, on_close=_orphaned)

@@ -44,6 +44,7 @@ __all__ = [
     "run_ncu",
     "CACHE_METRICS",
     "CACHE_REPLAY_MODE",
+    "CLOCK_METRICS",
     "cache_argv",
     "replay_modes",
 ]
@@ -72,6 +73,10 @@ class MetricSet:
 
 _PORTABLE_STALLS = tuple(r for r in STALL_REASONS if r not in HOPPER_STALL_REASONS)
 
+#: the SM clock each kernel ran at (SpeedOfLight's "SM Frequency"), in every metric set and
+#: in the cache collection: what bench's NVML clock samples are compared with
+CLOCK_METRICS: tuple[str, ...] = ("gpc__cycles_elapsed.avg.per_second",)
+
 _DEFAULT_METRICS: tuple[str, ...] = (
     "gpu__time_duration.sum",
     "sm__warps_active.avg.pct_of_peak_sustained_active",  # achieved occupancy
@@ -91,6 +96,7 @@ _DEFAULT_METRICS: tuple[str, ...] = (
     "dram__bytes_write.sum",
     "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed",
     "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+    *CLOCK_METRICS,
 )
 
 #: Cache counters that kernel replay would warm: with --cache-control none each replay
@@ -123,15 +129,16 @@ METRIC_SETS: Mapping[str, MetricSet] = {
             "lts__t_sector_hit_rate.pct",
             "dram__bytes_read.sum",
             "dram__bytes_write.sum",
+            *CLOCK_METRICS,
         ),
         sections=(),
-        description="duration, achieved occupancy, L2 hit rate and DRAM bytes only (few replay passes)",
+        description="duration, achieved occupancy, L2 hit rate, DRAM bytes and SM clock only (few replay passes)",
     ),
     "cache": MetricSet(
         name="cache",
-        metrics=CACHE_METRICS,
+        metrics=CACHE_METRICS + CLOCK_METRICS,
         sections=(),
-        description="L2 hit rate, L2 sectors and bytes, DRAM bytes: the counters replay must not warm",
+        description="L2 hit rate, L2 sectors and bytes, DRAM bytes (the counters replay must not warm), SM clock",
     ),
 }
 
@@ -409,7 +416,7 @@ def cache_argv(argv: Sequence[str], export: Path) -> list[str]:
             while i < len(argv) and argv[i] == "--nvtx-include":
                 out += argv[i:i + 2]
                 i += 2
-            out += ["--metrics", ",".join(CACHE_METRICS)]
+            out += ["--metrics", ",".join(CACHE_METRICS + CLOCK_METRICS)]
             continue
         out.append(a)
         i += 1

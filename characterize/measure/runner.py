@@ -3,8 +3,9 @@
 Timing runs in a worker process that writes every finished point at once; when the
 worker dies (kernel fault, out of memory, a kill), the point it was working on is
 recorded as failed with the reason and a fresh worker continues with the rest.
-Profiling runs one Nsight Compute process per point, so an interrupted profile keeps
-every finished report. Nothing already measured is ever redone unless asked.
+Profiling runs one Nsight Compute process per variant where NVTX scoping allows (its
+points share the report), else one per point; an interrupted profile keeps every
+finished report. Nothing already measured is ever redone unless asked.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from characterize.errors import (
 )
 from characterize.extract.ncu_rep import read_report
 from characterize.hardware.devices import devices
-from characterize.kernels.registry import get_variant
 from characterize.measure.ncu import (
     NcuOptions,
     build_argv,
@@ -37,13 +37,18 @@ from characterize.measure.ncu import (
     replay_modes,
     run_ncu,
 )
-from characterize.measure.worker import EXIT_CUDA_ERROR, INFLIGHT, PROFILE_RANGE
+from characterize.measure.worker import (
+    BENCH_CLOCK_CONTROL,
+    EXIT_CUDA_ERROR,
+    INFLIGHT,
+    KERNEL_FILTER,
+    PROFILE_RANGE,
+    launches_before_profiled,
+    matching_launches,
+)
 from characterize.progress import Progress
 from characterize.progress import quiet as _quiet
 from characterize.store import RunDir, RunLock, load_run, point_key
-
-KERNEL_FILTER = "chz_|EmbeddingBag"  # our kernels and PyTorch's embedding-bag kernels
-
 
 
 def pending_points(run: RunDir, kind: str, exp: ExperimentConfig, variants: Sequence[str] | None = None,
@@ -151,10 +156,6 @@ def ncu_options(exp: ExperimentConfig, sm: int | None, fallback: bool = False):
                       kernel_name=KERNEL_FILTER, sm=sm)
 
 
-def _launches_per_table(variant: str) -> int:
-    return 2 if get_variant(variant).l2 == "prefetch" else 1
-
-
 def _collect_cache(argv: list[str], run: RunDir, key: str, settings: ProfileSettings) -> dict[str, object]:
     """The point's cache counters under application replay (measure.ncu.cache_argv). A
     failure keeps the main report: its kernel-replay values stand, recorded as such."""
@@ -170,67 +171,182 @@ def _collect_cache(argv: list[str], run: RunDir, key: str, settings: ProfileSett
     return {"cache_argv": cmd, "cache_report": str(export.relative_to(run.path))}
 
 
+def _target(run: RunDir, variant: str, datasets: Sequence[str], settings: ProfileSettings) -> list[str]:
+    """The profile target for one variant's points (one process; see worker.run_profile_target)."""
+    cmd = [sys.executable, "-m", "characterize.measure.worker", "profile", str(run.path), "--variant", variant]
+    for d in datasets:
+        cmd += ["--dataset", d]
+    return cmd + (["--backend", settings.backend] if settings.backend else [])
+
+
+def _worker_said(e: CharacterizeError, log: Path) -> CharacterizeError:
+    """The worker's own one-line reason (a failed correctness check, a bad trace) says more than ncu's."""
+    said = [ln[len("error: "):] for ln in getattr(e, "output", "").splitlines() if ln.startswith("error: ")]
+    return type(e)(said[-1] + f" (under ncu; full log: {log})") if said else e
+
+
+def _point_record(exp: ExperimentConfig, export: Path, run: RunDir, n: int, argv: list[str], version: str,
+                  scoping: str, cache: dict, sm: int | None, seconds: float, **extra: object) -> dict:
+    return {"status": "ok", "report": str(export.relative_to(run.path)), "kernels": n, "argv": argv,
+            "ncu_version": version, "cache_control": exp.profile.cache_control,
+            "clock_control": exp.profile.clock_control, "bench_clock_control": BENCH_CLOCK_CONTROL,
+            "replay_mode": exp.profile.replay_mode, "metric_set": exp.profile.metric_set, "scoping": scoping,
+            "warmup_batches": exp.bench.warmup, **cache,
+            "replay_modes": replay_modes(ncu_options(exp, sm), cache_collected="cache_report" in cache),
+            "seconds": seconds, **extra}
+
+
+def _profile_variant(run: RunDir, exp: ExperimentConfig, variant: str, datasets: list[str],
+                     settings: ProfileSettings, sm: int | None, version: str) -> dict[str, int] | None:
+    """Every point of `variant` under one ncu process, scoped by NVTX (each dataset's
+    launches in its own chz/<variant>/<dataset>/<table> ranges); the report and its cache
+    collection are shared by the points. Returns each dataset's kernel count, or None
+    when NVTX scoping did not work or the process failed: the points are then profiled
+    one by one."""
+    export = export_path(run.path / "ncu" / variant)
+    log = run.path / "ncu" / f"{variant}.log"
+    argv = build_argv(settings.ncu, ncu_options(exp, sm), export, _target(run, variant, datasets, settings))
+    start = time.perf_counter()
+    try:
+        run_ncu(argv, log, timeout=settings.timeout_s * len(datasets))
+        kernels = read_report(export, run=run.path.name)
+    except NcuPermissionError:
+        raise
+    except CharacterizeError as e:
+        run.log(f"profile {variant}: one process for {len(datasets)} points did not work ({str(e).splitlines()[0]}); "
+                "profiling them one by one")
+        return None
+    per_point = min(exp.profile.tables, exp.workload.T) * matching_launches(variant)
+    positions = split_report(kernels, datasets, per_point)
+    if positions is None:
+        run.log(f"profile {variant}: the shared report does not hold {per_point} kernel(s) of each of "
+                f"{', '.join(datasets)} in order; profiling the points one by one")
+        return None
+    cache = _collect_cache(argv, run, variant, settings)
+    seconds = time.perf_counter() - start
+    for d in datasets:
+        run.write_point("profile", variant, d, _point_record(
+            exp, export, run, len(positions[d]), argv, version, "nvtx", cache, sm, seconds / len(datasets),
+            report_shared_by=list(datasets), report_positions=positions[d]))
+    return {d: len(p) for d, p in positions.items()}
+
+
+def split_report(kernels, datasets: Sequence[str], per_point: int) -> dict[str, list[int]] | None:
+    """Which kernels of a report shared by one variant's points belong to each point, as
+    launch-order positions: the target profiles the points in order, `per_point` launches
+    each. Where NVTX named a kernel's dataset it must agree. None when the report does not
+    hold exactly that (the points are then profiled one by one)."""
+    if kernels.empty:
+        return None
+    order = list(dict.fromkeys(kernels["kernel_id"]))
+    if len(order) != per_point * len(datasets):
+        return None
+    named = (kernels.drop_duplicates("kernel_id").set_index("kernel_id")["dataset"]
+             if "dataset" in kernels.columns else None)
+    out: dict[str, list[int]] = {}
+    for i, d in enumerate(datasets):
+        out[d] = list(range(i * per_point, (i + 1) * per_point))
+        if named is not None:
+            said = {str(named[order[p]]) for p in out[d]} - {"", "nan", "None", "<NA>"}
+            if said and said != {d}:
+                return None
+    return out
+
+
+def _profile_point(run: RunDir, exp: ExperimentConfig, v: str, d: str, settings: ProfileSettings,
+                   sm: int | None, version: str) -> int:
+    """One point in its own ncu process: NVTX scoping, or the launch order when NVTX
+    matched nothing. Returns the kernels profiled; raises what failed."""
+    key = point_key(v, d)
+    export = export_path(run.path / "ncu" / key)
+    target = _target(run, v, [d], settings)
+    start = time.perf_counter()
+    argv = build_argv(settings.ncu, ncu_options(exp, sm), export, target)
+    try:
+        return _run_point(run, exp, v, d, settings, sm, version, key, export, target, argv, start)
+    except CharacterizeError as e:
+        e.argv = getattr(e, "argv", None) or argv  # type: ignore[attr-defined]
+        raise
+
+
+def _run_point(run: RunDir, exp: ExperimentConfig, v: str, d: str, settings: ProfileSettings, sm: int | None,
+               version: str, key: str, export: Path, target: list[str], argv: list[str], start: float) -> int:
+    scoping, extra = "nvtx", {}
+    try:
+        run_ncu(argv, run.path / "ncu" / f"{key}.log", timeout=settings.timeout_s)
+    except NcuError as e:
+        if getattr(e, "reason", "") != "no_kernels":
+            raise
+        # NVTX scoping matched nothing: scope by launch order instead, skipping every launch
+        # the kernel filter matches before the profiled ones (the check's reference included)
+        skip = launches_before_profiled(v, exp.workload.T, exp.bench.warmup)
+        count = min(exp.profile.tables, exp.workload.T) * matching_launches(v)
+        argv = build_argv(settings.ncu, ncu_options(exp, sm, fallback=True), export, target)
+        i_k = argv.index("-k")
+        argv[i_k:i_k] = ["--launch-skip", str(skip), "--launch-count", str(count)]
+        scoping, extra = "launch-skip", {"launch_skip": skip, "launch_count": count}
+        try:
+            run_ncu(argv, run.path / "ncu" / f"{key}.log", timeout=settings.timeout_s)
+        except CharacterizeError as again:
+            again.argv = argv  # type: ignore[attr-defined]
+            raise
+    kernels = read_report(export, run=run.path.name)
+    cache = _collect_cache(argv, run, key, settings)
+    n = int(kernels["kernel_id"].nunique()) if not kernels.empty else 0
+    run.write_point("profile", v, d, _point_record(exp, export, run, n, argv, version, scoping, cache, sm,
+                                                   time.perf_counter() - start, **extra))
+    return n
+
+
 def profile_points(run: RunDir, exp: ExperimentConfig, points: list[tuple[str, str]], settings: ProfileSettings,
                    progress: Progress = _quiet) -> dict[str, int]:
-    """One ncu process per point. A permission error stops the profile (nothing else can
-    succeed); any other failure marks the point and moves on."""
+    """The points of one variant in one ncu process where NVTX scoping allows (one
+    report, one cache collection, one start of ncu and of the target), else one ncu
+    process per point. A permission error stops the profile (nothing else can succeed);
+    any other failure marks its point and moves on."""
     version = ncu_version(settings.ncu)
     run.update_meta(ncu={"path": str(settings.ncu), "version": version})
     found = devices()
     sm = int(found[0].arch.removeprefix("sm_")) if found else None
     counts = {"ok": 0, "failed": 0}
-    for i, (v, d) in enumerate(points, 1):
-        key = point_key(v, d)
-        export = export_path(run.path / "ncu" / key)
-        target = [sys.executable, "-m", "characterize.measure.worker", "profile", str(run.path), "--variant", v,
-                  "--dataset", d] + (["--backend", settings.backend] if settings.backend else [])
+    groups: dict[str, list[str]] = {}
+    for v, d in points:
+        groups.setdefault(v, []).append(d)
+    done = 0
+    for v, datasets in groups.items():
         start = time.perf_counter()
-        argv = build_argv(settings.ncu, ncu_options(exp, sm), export, target)
-        scoping = "nvtx"
-        try:
-            try:
-                run_ncu(argv, run.path / "ncu" / f"{key}.log", timeout=settings.timeout_s)
-            except NcuError as e:
-                if getattr(e, "reason", "") != "no_kernels":
-                    raise
-                # NVTX scoping matched nothing: scope by launch order instead, once
-                # the worker's correctness check is its first warm-up batch (one extra batch without warm-up)
-                skip = max(exp.profile.warmup_batches, 1) * exp.workload.T * _launches_per_table(v)
-                opts = ncu_options(exp, sm, fallback=True)
-                argv = build_argv(settings.ncu, opts, export, target)
-                i_k = argv.index("-k")
-                argv[i_k:i_k] = ["--launch-skip", str(skip),
-                                 "--launch-count", str(exp.profile.tables * _launches_per_table(v))]
-                scoping = "launch-skip"
-                run_ncu(argv, run.path / "ncu" / f"{key}.log", timeout=settings.timeout_s)
-            kernels = read_report(export, run=run.path.name)
-            cache = _collect_cache(argv, run, key, settings)
-            n = int(kernels["kernel_id"].nunique()) if not kernels.empty else 0
-        except NcuPermissionError as e:
-            run.write_point("profile", v, d, {"status": "failed", "error": str(e)})
-            run.log(f"profile stopped: {e}")
-            raise
-        except CharacterizeError as e:
-            counts["failed"] += 1
-            # the worker's own one-line reason (a failed correctness check, a bad trace) says more than ncu's
-            said = [ln[len("error: "):] for ln in getattr(e, "output", "").splitlines() if ln.startswith("error: ")]
-            if said:
-                e = type(e)(said[-1] + f" (under ncu; full log: {run.path / 'ncu' / (key + '.log')})")
-            run.write_point("profile", v, d, {"status": "failed", "error": str(e), "argv": argv})
-            run.log(f"profile {v} {d}: failed: {e}")
-            progress(f"[{i}/{len(points)}] {v} {d}: FAILED: {str(e).splitlines()[0]}")
+        shared = _profile_variant(run, exp, v, datasets, settings, sm, version) if len(datasets) > 1 else None
+        if shared is not None:
+            for d in datasets:
+                done += 1
+                counts["ok"] += 1
+                msg = (f"[{done}/{len(points)}] {v} {d}: {shared[d]} kernel(s) profiled "
+                       f"({len(datasets)} points in one ncu process, {time.perf_counter() - start:.0f} s)")
+                run.log(f"profile {msg}")
+                progress(msg)
             continue
-        counts["ok"] += 1
-        run.write_point("profile", v, d, {
-            "status": "ok", "report": str(export.relative_to(run.path)), "kernels": n, "argv": argv,
-            "ncu_version": version, "cache_control": exp.profile.cache_control,
-            "clock_control": exp.profile.clock_control, "replay_mode": exp.profile.replay_mode,
-            "metric_set": exp.profile.metric_set, "scoping": scoping, **cache,
-            "replay_modes": replay_modes(ncu_options(exp, sm), cache_collected="cache_report" in cache),
-            "seconds": time.perf_counter() - start})
-        msg = f"[{i}/{len(points)}] {v} {d}: {n} kernel(s) profiled in {time.perf_counter() - start:.0f} s"
-        run.log(f"profile {msg}")
-        progress(msg)
+        for d in datasets:
+            done += 1
+            key = point_key(v, d)
+            start = time.perf_counter()
+            try:
+                n = _profile_point(run, exp, v, d, settings, sm, version)
+            except NcuPermissionError as e:
+                run.write_point("profile", v, d, {"status": "failed", "error": str(e)})
+                run.log(f"profile stopped: {e}")
+                raise
+            except CharacterizeError as e:
+                counts["failed"] += 1
+                e = _worker_said(e, run.path / "ncu" / (key + ".log"))
+                run.write_point("profile", v, d, {"status": "failed", "error": str(e),
+                                                  "argv": getattr(e, "argv", None)})
+                run.log(f"profile {v} {d}: failed: {e}")
+                progress(f"[{done}/{len(points)}] {v} {d}: FAILED: {str(e).splitlines()[0]}")
+                continue
+            counts["ok"] += 1
+            msg = f"[{done}/{len(points)}] {v} {d}: {n} kernel(s) profiled in {time.perf_counter() - start:.0f} s"
+            run.log(f"profile {msg}")
+            progress(msg)
     return counts
 
 

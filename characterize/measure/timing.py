@@ -3,20 +3,31 @@ that say when a measurement is stable.
 
 A repetition is one inference batch: the variant's lookup kernel launched once per
 table, in table order (steady mode: what the L2 sees in production, and how the
-paper measured), or with L2 flushed before every launch (cold mode). Each launch
-and each pinning pre-pass is bracketed by its own CUDA events, so pre-pass time can
-be reported excluded (as the paper did) and included.
+paper measured), or with L2 flushed before every launch (cold mode).
+
+Steady mode brackets the whole batch of T launches with one event pair and reports
+per table = batch / T: an event pair around each launch would add the launch
+front-end (1-3 us) to kernels of 8-30 us. Pre-pass variants (l2p, combined) run
+their T pre-passes alone behind a second event pair right after, so the pre-pass can
+be reported excluded (as the paper did: batch minus pre-passes) and included (the
+batch). A few repetitions with one event pair per launch follow, as a diagnostic
+(`per_launch_us`, to set beside ncu's gpu__time_duration). Cold mode flushes the L2
+before each launch, so each launch is its own unit with its own pair.
 
 Events must bracket device work only. A Python/ctypes launch costs 10-20 us of host
 time, as much as a whole table launch on an H100; timed eagerly, that idle time
-would count as kernel time. So each batch is queued behind a device-side delay
+would count as kernel time. So each unit is queued behind a device-side delay
 kernel: the GPU spins while the host enqueues every flush, pre-pass, launch and
-event of the batch, then runs them back to back. A repetition counts only when the
+event of the unit, then runs them back to back. A repetition counts only when the
 host finished enqueueing before the spin ended (host enqueue time < the spin's own
 event-measured duration, a sufficient condition); otherwise the delay doubles and
-the repetition is recorded as host-bound and left out of the statistics. Launch
-overhead is reported apart: the host's enqueue time per launch and the device's
-gap between consecutive operations.
+the repetition is recorded as host-bound and left out of the statistics. Nothing that
+changes device state runs in a unit: l2w's set-aside and windows are set once per
+point (kernels.library.device_state), its launches carry their window.
+
+The cache variant's batch does host work that waits for the device (unique ids, slot
+maps, the misses' copy): it is timed as it runs, one event pair around the batch with
+no delay kernel, with the cache's own phase split (dedup/map, transfer, lookup).
 
 Repetitions continue until the 95% confidence half-width of the batch time is under
 the target fraction of the mean, within a time budget. On the CPU-emulation backend
@@ -45,6 +56,14 @@ _T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2
 #: timing methods recorded with every point
 METHOD_DELAY = "delay-kernel"          # events bracket device work only
 METHOD_WALL = "wall-clock-emulation"   # CPU emulation: checks the harness, not a GPU timing
+METHOD_CACHE = "cache-as-run"          # the cache variant: its host work inside the batch, no delay kernel
+
+#: what one event pair brackets, recorded with every point
+UNIT_BATCH = "batch of T launches"
+UNIT_LAUNCH = "one launch after its own L2 flush"
+
+#: batches timed with one event pair per launch after the timed repetitions (steady mode): a diagnostic
+PER_LAUNCH_REPS = 3
 
 #: the first delay before the host's enqueue time is known, and the longest one allowed
 FIRST_DELAY_US = 200.0
@@ -215,66 +234,114 @@ def time_point(kernels: Sequence[TableKernel], batches: Sequence[Sequence[Batch]
                clock: DeviceClock | None = None, max_sm_clock_MHz: float | None = None) -> dict[str, Any]:
     """Time `kernels` (one per table) over `batches[b][t]` in `mode` ('steady' or 'cold').
 
-    Returns per-repetition batch times (kernel and pre-pass, microseconds; each with
-    the host's enqueue time, the device's launch gaps, the delay and whether it was
-    host-gap-free), per-table means, Stats of the batch time over the gap-free
-    repetitions, and the timing method.
+    Warm-up batches are batches[0 .. bench.warmup-1]; repetitions run the batches after
+    them in turn (never a warm-up batch while there are others). Returns per-repetition
+    times (batch, kernel = batch minus pre-passes, pre-pass; microseconds; each with
+    the host's enqueue time, the delay and whether it was host-gap-free), Stats of the
+    kernel time per batch over the gap-free repetitions, per-table means (cold: each
+    launch's; steady: the batch's share), the per-launch diagnostic, and the timing
+    method and unit.
     """
     if mode not in ("steady", "cold"):
         raise ValueError(f"unknown mode {mode}")
     clock = clock or clock_for(kernels[0].weight.device, max_sm_clock_MHz)
-    has_prepass = any(k.hot_rows is not None and len(k.hot_rows) for k in kernels)
-    T = len(kernels)
+    has_prepass = any(getattr(k, "variant", None) is not None and k.variant.l2 == "prefetch"
+                      and k.hot_rows is not None and len(k.hot_rows) for k in kernels)
+    cached = [getattr(k, "cache", None) for k in kernels]
+    has_cache = any(c is not None for c in cached)
+    T, n = len(kernels), len(batches)
     outputs = list(outputs) if outputs is not None else preallocate(kernels, batches)
+    method = METHOD_CACHE if has_cache and clock.method == METHOD_DELAY else clock.method
+    use_delay = method == METHOD_DELAY
     delay_us = FIRST_DELAY_US
+    phases = np.zeros(3)   # the cache's dedup/map, transfer, lookup per batch, summed over counted reps
 
-    # steady: the whole batch is one unit behind one delay (tables back to back); cold:
-    # each launch is its own unit, the persisting-line reset (a host call) before its delay
-    units = [list(range(T))] if mode == "steady" else [[t] for t in range(T)]
+    def batch_index(i: int) -> int:
+        return i % n
 
-    def one_batch(b: int) -> dict[str, Any]:
-        """Enqueue each unit of one batch behind a delay; wait; read its events."""
-        k_times, p_times, f_times = [0.0] * T, [0.0] * T, [0.0] * T
+    def delayed() -> tuple[Any, Any]:
+        d0 = clock.mark()
+        if use_delay:
+            clock.delay(delay_us)
+        return d0, clock.mark()
+
+    def steady_batch(b: int) -> dict[str, Any]:
+        """One event pair around the batch of T (pre-pass + lookup) launches; the T
+        pre-passes alone follow behind a second pair."""
+        clock.sync()
+        d0, d1 = delayed()
+        h0 = clock.host_us()
+        e0 = clock.mark()
+        for t in range(T):
+            kernels[t].prepass()
+            kernels[t].launch(*batches[b][t], out=outputs[t])
+        e1 = clock.mark()
+        if has_prepass:
+            for t in range(T):
+                kernels[t].prepass()
+        e2 = clock.mark()
+        h1 = clock.host_us()
+        clock.sync()
+        spin = clock.elapsed_us(d0, d1) if use_delay else 0.0
+        batch_us = clock.elapsed_us(e0, e1)
+        pre = clock.elapsed_us(e1, e2) if has_prepass else 0.0
+        split = [0.0, 0.0, 0.0]
+        for c in cached:
+            if c is not None and c.stats:
+                last = c.stats[-1]
+                split = [split[0] + last.dedup_us, split[1] + last.transfer_us, split[2] + last.lookup_us]
+        return {"batch_us": batch_us, "prepass_us": pre, "kernel_us": batch_us - pre, "host_enqueue_us": h1 - h0,
+                "spin_us": spin, "gap_free": use_delay and (h1 - h0) < spin, "phases": split,
+                "k": [(batch_us - pre) / T] * T}
+
+    def per_launch_batch(b: int, flush: bool) -> dict[str, Any]:
+        """Each launch bracketed by its own events (cold mode: after its own flush, each
+        table its own unit behind its own delay; steady: the per-launch diagnostic)."""
+        k_times, p_times = [0.0] * T, [0.0] * T
         host = spin = gap = 0.0
-        gap_free = clock.method == METHOD_DELAY
+        gap_free = use_delay
+        units = [[t] for t in range(T)] if flush else [list(range(T))]
         for unit in units:
             clock.sync()
-            if mode == "cold" and flusher is not None:
+            if flush and flusher is not None:
                 flusher.reset()
-            d0 = clock.mark()
-            clock.delay(delay_us)
-            d1 = clock.mark()
+            d0, d1 = delayed()
             h0 = clock.host_us()
             marks = []
             for t in unit:
-                idx, off = batches[b % len(batches)][t]
                 f0 = clock.mark()
-                if mode == "cold" and flusher is not None:
+                if flush and flusher is not None:
                     flusher.flush()
                 p0 = clock.mark()
                 kernels[t].prepass()
                 k0 = clock.mark()
-                kernels[t].launch(idx, off, out=outputs[t])
+                kernels[t].launch(*batches[b][t], out=outputs[t])
                 k1 = clock.mark()
                 marks.append((t, f0, p0, k0, k1))
             h1 = clock.host_us()
             clock.sync()
-            unit_spin = clock.elapsed_us(d0, d1)
+            unit_spin = clock.elapsed_us(d0, d1) if use_delay else 0.0
             work = 0.0
             for t, f0, p0, k0, k1 in marks:
-                f_times[t], p_times[t], k_times[t] = (clock.elapsed_us(f0, p0), clock.elapsed_us(p0, k0),
-                                                      clock.elapsed_us(k0, k1))
-                work += f_times[t] + p_times[t] + k_times[t]
+                f, p_times[t], k_times[t] = (clock.elapsed_us(f0, p0), clock.elapsed_us(p0, k0),
+                                             clock.elapsed_us(k0, k1))
+                work += f + p_times[t] + k_times[t]
             gap += max(clock.elapsed_us(d1, marks[-1][4]) - work, 0.0)
             host += h1 - h0
             spin += unit_spin
             gap_free = gap_free and (h1 - h0) < unit_spin
-        return {"k": k_times, "p": p_times if has_prepass else [0.0] * T, "host_enqueue_us": host,
-                "spin_us": spin, "launch_gap_us": gap, "gap_free": gap_free}
+        kernel = sum(k_times)
+        pre = sum(p_times) if has_prepass else 0.0
+        return {"batch_us": kernel + pre, "prepass_us": pre, "kernel_us": kernel, "host_enqueue_us": host,
+                "spin_us": spin, "gap_free": gap_free, "launch_gap_us": gap, "k": k_times, "phases": [0.0] * 3}
 
-    for b in range(bench.warmup):
-        w = one_batch(b)
-        delay_us = min(MAX_DELAY_US, max(delay_us, 2 * w["host_enqueue_us"] + 50.0))
+    def one_batch(b: int) -> dict[str, Any]:
+        return steady_batch(b) if mode == "steady" else per_launch_batch(b, flush=True)
+
+    for w in range(bench.warmup):
+        res = one_batch(batch_index(w))
+        if use_delay:
+            delay_us = min(MAX_DELAY_US, max(delay_us, 2 * res["host_enqueue_us"] + 50.0))
     reps: list[dict[str, Any]] = []
     per_table, per_table_all = np.zeros(T), np.zeros(T)
     start = time.perf_counter()
@@ -282,43 +349,68 @@ def time_point(kernels: Sequence[TableKernel], batches: Sequence[Sequence[Batch]
     host_bound = 0
     while True:
         r = len(reps)
-        res = one_batch(bench.warmup + r)
-        counts = res["gap_free"] or clock.method == METHOD_WALL
-        reps.append({"mode": mode, "rep": r, "kernel_us": sum(res["k"]), "prepass_us": sum(res["p"]),
-                     "host_enqueue_us": res["host_enqueue_us"], "launch_gap_us": res["launch_gap_us"],
-                     "delay_us": delay_us, "spin_us": res["spin_us"], "gap_free": bool(res["gap_free"]),
-                     "counted": bool(counts)})
+        b = timed_batch_index(bench.warmup, n, r)
+        res = one_batch(b)
+        counts = res["gap_free"] or not use_delay
+        reps.append({"mode": mode, "rep": r, "batch": b, "kernel_us": res["kernel_us"],
+                     "prepass_us": res["prepass_us"], "batch_us": res["batch_us"],
+                     "host_enqueue_us": res["host_enqueue_us"], "delay_us": delay_us if use_delay else 0.0,
+                     "spin_us": res["spin_us"], "gap_free": bool(res["gap_free"]), "counted": bool(counts),
+                     **({"launch_gap_us": res["launch_gap_us"]} if "launch_gap_us" in res else {}),
+                     **({"dedup_us": res["phases"][0], "transfer_us": res["phases"][1],
+                         "lookup_us": res["phases"][2]} if has_cache else {})})
         per_table_all += res["k"]
         if counts:
             per_table += res["k"]
-            kernel_batch.append(sum(res["k"]))
+            kernel_batch.append(res["kernel_us"])
+            phases += res["phases"]
         else:  # the host was still enqueueing when the spin ended: wait longer next time
             host_bound += 1
             delay_us = min(MAX_DELAY_US, max(2 * delay_us, 2 * res["host_enqueue_us"] + 50.0))
-        n = len(kernel_batch)
-        if n >= bench.max_reps or len(reps) >= 2 * bench.max_reps:
+        k = len(kernel_batch)
+        if k >= bench.max_reps or len(reps) >= 2 * bench.max_reps:
             break
-        if n >= bench.min_reps:
+        if k >= bench.min_reps:
             if summarize(kernel_batch, bench.ci_target).stable or time.perf_counter() - start > bench.budget_s:
                 break
         elif len(reps) >= 2 and time.perf_counter() - start > 4 * bench.budget_s:
             break  # a pathologically slow point: keep what we have
     counted = [r for r in reps if r["counted"]]
-    gap_free = bool(counted) and clock.method == METHOD_DELAY
+    gap_free = bool(counted) and use_delay
     if not counted:  # never gap-free (a host call that synchronizes?): keep the reps, flagged
         counted = reps
         kernel_batch = [r["kernel_us"] for r in reps]
         per_table = per_table_all
+    # the per-launch diagnostic: steady mode only (cold mode is timed per launch already)
+    if mode == "steady":
+        reps_diag = PER_LAUNCH_REPS if clock.method != METHOD_WALL else 1   # the emulator: the harness only
+        diag = [per_launch_batch(timed_batch_index(bench.warmup, n, i), flush=False) for i in range(reps_diag)]
+        launch_table = list(np.mean([d["k"] for d in diag], axis=0))
+        launch_gap = float(np.mean([d["launch_gap_us"] for d in diag]))
+    else:
+        launch_table = list(per_table / max(len(counted), 1))
+        launch_gap = float(np.mean([r.get("launch_gap_us", 0.0) for r in counted])) if counted else float("nan")
     kernel = summarize(kernel_batch, bench.ci_target)
     prepass = summarize([r["prepass_us"] for r in counted], bench.ci_target)
-    total = summarize([r["kernel_us"] + r["prepass_us"] for r in counted], bench.ci_target)
+    total = summarize([r["batch_us"] for r in counted], bench.ci_target)
     launches = T * (2 if has_prepass else 1)
-    timing = {"method": clock.method, "gap_free": gap_free, "delay_us": delay_us, "host_bound_reps": host_bound,
+    timing = {"method": method, "unit": UNIT_BATCH if mode == "steady" else UNIT_LAUNCH, "gap_free": gap_free,
+              "delay_us": delay_us if use_delay else 0.0, "host_bound_reps": host_bound,
               "host_enqueue_per_launch_us": float(np.mean([r["host_enqueue_us"] for r in reps])) / launches,
-              "launch_gap_per_launch_us": (float(np.mean([r["launch_gap_us"] for r in counted])) / launches
-                                           if counted else float("nan")),
+              "launch_gap_per_launch_us": launch_gap / launches,
+              "per_launch_us": float(np.mean(launch_table)),
               "flush_bytes": flusher.bytes if (flusher is not None and mode == "cold") else 0}
-    return {"mode": mode, "tables": T, "repetitions": reps,
-            "per_table_mean_us": list(per_table / max(len(counted), 1)),
-            "kernel": kernel, "prepass": prepass if has_prepass else None, "with_prepass": total,
-            "timing": timing, "seconds": time.perf_counter() - start}
+    out = {"mode": mode, "tables": T, "repetitions": reps,
+           "per_table_mean_us": list(per_table / max(len(counted), 1)), "per_launch_table_us": launch_table,
+           "kernel": kernel, "prepass": prepass if has_prepass else None, "with_prepass": total,
+           "timing": timing, "seconds": time.perf_counter() - start}
+    if has_cache:
+        out["phases_per_table_us"] = dict(zip(("dedup", "transfer", "lookup"),
+                                              (phases / max(len(counted), 1) / T).tolist()))
+    return out
+
+
+def timed_batch_index(warmup: int, batches: int, rep: int) -> int:
+    """The batch repetition `rep` runs: the batches after the warm-up ones, in turn
+    (all of them in turn when there are no others)."""
+    return warmup + rep % (batches - warmup) if batches > warmup else rep % batches

@@ -2,24 +2,24 @@
 
 `python -m characterize.measure.worker bench RUN_DIR --point VARIANT:DATASET ...` times
 points and writes each one into the run directory as soon as it is finished;
-`python -m characterize.measure.worker profile RUN_DIR --variant V --dataset D` is the
-program Nsight Compute launches for one point: warm-up batches, then a few launches
-wrapped in NVTX ranges named chz/<variant>/<dataset>/<table> inside an outer range
-"chz-profile" that the ncu command line selects. Workers are separate processes so
-that a kernel fault or a kill loses at most the point in flight (see runner.py).
-Run as a program, a worker dies with its parent (lifeline.py): the kernel's
-parent-death signal and, under `--supervisor PID`, a watchdog on the stdin pipe the
-supervisor holds, so a killed `bench` never leaves a worker measuring.
+`python -m characterize.measure.worker profile RUN_DIR --variant V --dataset D [--dataset D2 ...]`
+is the program Nsight Compute launches for one variant's points: for each, what bench
+does before its first timed batch (the device state, the check, the same warm-up
+batches and hot rows), then that batch's first tables wrapped in NVTX ranges named
+chz/<variant>/<dataset>/<table> inside an outer range "chz-profile" that the ncu command
+line selects. Workers are separate processes so that a kernel fault or a kill loses at
+most the point in flight (see runner.py). A bench worker dies with the runner that
+started it (lifeline.py): the kernel's parent-death signal when the runner is its
+direct parent, and under `--supervisor PID` a watchdog on the stdin pipe the runner
+holds, so a killed `bench` never leaves a worker measuring.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import signal
+import re
 import sys
-import threading
-import time
 import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -29,19 +29,35 @@ from typing import Any, Iterator
 import torch
 
 from characterize.config import ExperimentConfig, WorkloadConfig
-from characterize.errors import CharacterizeError, CheckMismatch, KernelLaunchError
+from characterize.errors import CharacterizeError, CheckMismatch, ConfigError, KernelLaunchError
 from characterize.hardware.devices import require_gpu, sample_clocks, throttle_verdict
 from characterize.hardware.specs import REFERENCE_ARCH, gpu_spec
 from characterize.kernels.check import tolerance
-from characterize.kernels.library import QuantizedTable, TableKernel, as_dtype, bind, check_indices, dequantize
-from characterize.measure.lifeline import EXIT_ORPHANED, die_with_parent, watch_pipe
-from characterize.measure.timing import L2Flusher, preallocate, time_point
+from characterize.kernels.library import (
+    QuantizedTable,
+    TableKernel,
+    as_dtype,
+    bind,
+    check_indices,
+    close_all,
+    dequantize,
+    device_state,
+)
+from characterize.kernels.registry import get_variant, uvm_mode
+from characterize.measure.lifeline import supervise
+from characterize.measure.timing import L2Flusher, preallocate, time_point, timed_batch_index
 from characterize.memory import check_memory
 from characterize.store import RunDir, load_run, point_key
 from characterize.units import format_bytes
 from characterize.workloads.traces import load_dataset
 
 PROFILE_RANGE = "chz-profile"
+#: the kernels ncu profiles (-k regex): ours and PyTorch's embedding-bag kernels, which
+#: the correctness check's float64 reference launches too
+KERNEL_FILTER = "chz_|EmbeddingBag"
+#: what torch.nn.functional.embedding_bag launches on the GPU for a forward sum/mean
+#: (the torch variant's lookup and the check's float64 reference)
+TORCH_EMBEDDING_BAG_KERNEL = "EmbeddingBag_updateOutputKernel_sum_mean"
 #: bench never locks clocks: it runs at the GPU's own clocks, sampled by NVML around each
 #: point; profile follows the same policy by default (ProfileConfig.clock_control "none")
 BENCH_CLOCK_CONTROL = "none"
@@ -85,17 +101,18 @@ class Session:
     device: torch.device
     tables: list[torch.Tensor]
     gpu: Any  # GpuSpec
-    device_index: int | None = None           # the GPU's index, None on the CPU backend
+    device_index: int | None = None           # the GPU's CUDA index, None on the CPU backend
     identity: dict[str, str] | None = None    # GpuSpec field -> where its value came from
+    nvml_index: int | None = None             # the same GPU's NVML index (matched by UUID), for clock samples
 
     @classmethod
     def open(cls, exp: ExperimentConfig, backend: str, batches: int | None = None) -> "Session":
         wl = exp.workload if batches is None else exp.workload.replace(batches=batches)
-        index, identity = None, None
+        index, identity, nvml_index = None, None, None
         if backend == "cuda":
             info = require_gpu()
             gpu, device = info.spec(), torch.device("cuda", info.index)
-            index, identity = info.index, info.provenance()
+            index, identity, nvml_index = info.index, info.provenance(), info.nvml_index
         else:
             gpu, device = gpu_spec(exp.archs[0] if exp.archs else REFERENCE_ARCH), torch.device("cpu")
         wl.validate(gpu=gpu if backend == "cuda" else None)
@@ -104,7 +121,7 @@ class Session:
                          f"emulating {wl.T} table(s) of {format_bytes(wl.table_bytes)} on the CPU", "lower T, E or D")
         g = torch.Generator(device=device).manual_seed(wl.seed)
         tables = [as_dtype(torch.rand(wl.E, wl.D, generator=g, device=device) - 0.5, wl.dtype) for _ in range(wl.T)]
-        return cls(exp, wl, backend, device, tables, gpu, index, identity)
+        return cls(exp, wl, backend, device, tables, gpu, index, identity, nvml_index)
 
     def dataset(self, name: str) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
         """batches[b][t] = (indices, offsets) on the device, checked against E."""
@@ -120,13 +137,29 @@ class Session:
             out.append(row)
         return out
 
+    @property
+    def warmup(self) -> int:
+        """Warm-up batches before anything is measured, the same for bench and profile."""
+        return self.exp.bench.warmup
+
     def bind(self, variant: str, batches: list[list[tuple[torch.Tensor, torch.Tensor]]]):
-        """One TableKernel per table, hot rows from that table's whole trace."""
-        kernels = []
-        for t, weight in enumerate(self.tables):
-            trace = torch.cat([batches[b][t][0] for b in range(len(batches))])
-            kernels.append(bind(variant, weight, trace=trace, params=self.exp.params_for(variant),
-                                mode=self.workload.mode, backend=self.backend, gpu=self.gpu))
+        """One TableKernel per table. Hot rows (l2p, l2w, combined) and the cache's
+        warm-up frequencies come from the warm-up batches only, never from a timed one,
+        so bench and profile measure the same hot set."""
+        v = get_variant(variant)
+        warm = min(self.warmup, len(batches))
+        if warm == 0 and (v.l2 != "none" or v.host == "cache"):
+            raise ConfigError(f"{variant} takes its hot rows from the warm-up batches, and bench.warmup is 0; "
+                              "set bench.warmup to 1 or more")
+        kernels: list[TableKernel] = []
+        try:
+            for t, weight in enumerate(self.tables):
+                trace = torch.cat([batches[b][t][0] for b in range(warm)]) if warm else None
+                kernels.append(bind(variant, weight, trace=trace, params=self.exp.params_for(variant),
+                                    mode=self.workload.mode, backend=self.backend, gpu=self.gpu))
+        except BaseException:
+            close_all(kernels)   # l2w reorders tables in place: put back what was bound
+            raise
         mapped = [[(kernels[t].map_indices(idx), off) for t, (idx, off) in enumerate(row)] for row in batches]
         return kernels, mapped
 
@@ -177,78 +210,72 @@ def check_point(kernels: list[TableKernel], mapped: list[list[tuple[torch.Tensor
     return worst
 
 
-@contextmanager
-def l2_set_aside(kernels: list[TableKernel], enabled: bool) -> Iterator[dict[str, int]]:
-    """l2p/combined: the persisting-L2 set-aside their evict_last pre-pass needs (the
-    CUDA guide gives persisting accesses priority only within it), sized for the largest
-    table's hot rows and capped by the device, then restored with the persisting lines
-    demoted. Yields what was requested and granted ({} when not applicable or disabled)."""
-    first = kernels[0]
-    if (not enabled or first.library is None or first.variant.l2 != "prefetch"
-            or not any(k.hot_rows is not None and len(k.hot_rows) for k in kernels)):
-        yield {}
-        return
-    hot = max(len(k.hot_rows) * k.weight.stride(0) * k.weight.element_size()
-              for k in kernels if k.hot_rows is not None)
-    granted, previous = first.library.l2_set_aside(hot)
-    try:
-        yield {"requested_bytes": int(hot), "granted_bytes": int(granted), "previous_bytes": int(previous)}
-    finally:
-        first.library.l2_set_aside_restore(previous)
-
-
 def bench_point(session: Session, variant: str, dataset: str,
                 batches: list[list[tuple[torch.Tensor, torch.Tensor]]]) -> dict[str, Any]:
+    """Check, then time one point. The device state it changes is set once, before its
+    check, and restored after its last timed batch (device_state)."""
     kernels, mapped = session.bind(variant, batches)
     try:
-        check = check_point(kernels, mapped, variant)
-        if not check["passed"]:
-            err = CheckMismatch(f"{variant} does not match torch on {dataset} (table {check['table']}, batch 0): "
-                              f"max |error| {check['max_abs_err']:.3g} > tolerance {check['tolerance']:.3g}; "
-                              "not timed")
-            err.check = check  # type: ignore[attr-defined]
-            raise err
-        library = kernels[0].library
-        flusher = L2Flusher(session.device, session.gpu.l2_bytes, library) if "cold" in session.exp.bench.modes else None
-        eff_bytes = bytes_per_table(batches, session.workload.row_bytes)
-        outputs = preallocate(kernels, mapped)
-        summary, reps, per_table = [], [], {}
-        clocks = {"before": sample_clocks(session.device_index)}
-        with l2_set_aside(kernels, session.exp.bench.l2_set_aside) as set_aside:
-            timed = [(mode, time_point(kernels, mapped, mode, session.exp.bench, flusher, outputs=outputs,
-                                       max_sm_clock_MHz=session.gpu.boost_clock_MHz))
-                     for mode in session.exp.bench.modes]
-        for mode, res in timed:
-            T = res["tables"]
-            k, p, w = res["kernel"], res["prepass"], res["with_prepass"]
-            per_table_us = k.mean / T
-            tm = res["timing"]
-            row = {"mode": mode, "per_batch_us": k.mean, "per_table_us": per_table_us, "ci95_us": k.ci95 / T,
-                   "rel_ci": k.rel_ci, "rel_std": k.rel_std, "stable": k.stable, "reps": k.n,
-                   "median_per_table_us": k.median / T, "min_per_table_us": k.min / T,
-                   "prepass_per_table_us": p.mean / T if p else 0.0,
-                   "per_table_incl_prepass_us": w.mean / T, "ci95_incl_prepass_us": w.ci95 / T,
-                   "bytes_per_table": eff_bytes, "effective_GBps": eff_bytes / per_table_us / 1e3,
-                   "hbm_pct": 100 * eff_bytes / per_table_us / 1e3 / session.gpu.hbm_GBps,
-                   "timing_method": tm["method"], "gap_free": tm["gap_free"],
-                   "host_bound_reps": tm["host_bound_reps"],
-                   "host_launch_us": tm["host_enqueue_per_launch_us"],
-                   "launch_gap_us": tm["launch_gap_per_launch_us"], "flush_bytes": tm["flush_bytes"],
-                   "seconds": res["seconds"]}
-            summary.append(row)
-            reps += res["repetitions"]
-            per_table[mode] = res["per_table_mean_us"]
-        clocks["after"] = sample_clocks(session.device_index)
-        first = kernels[0]
-        return {"status": "ok", "backend": session.backend, "gpu": session.gpu.name, "params": first.params,
-                "hot_rows": 0 if first.hot_rows is None else int(len(first.hot_rows)), "window": first.window,
-                "check": check, "clock_control": BENCH_CLOCK_CONTROL, "clocks": clocks,
-                "throttle": throttle_verdict(clocks), "l2_set_aside": set_aside,
-                "identity": session.identity, "summary": summary, "repetitions": reps,
-                "per_table_mean_us": per_table}
+        with device_state(kernels, session.exp.bench.l2_set_aside) as set_aside:
+            return _bench_bound(session, variant, dataset, batches, kernels, mapped, set_aside)
     finally:
-        for k in kernels:
-            k.close()
+        close_all(kernels)
+
+
+def _bench_bound(session: Session, variant: str, dataset: str, batches: list, kernels: list[TableKernel],
+                 mapped: list, set_aside: dict[str, int]) -> dict[str, Any]:
+    check = check_point(kernels, mapped, variant)
+    if not check["passed"]:
+        err = CheckMismatch(f"{variant} does not match torch on {dataset} (table {check['table']}, batch 0): "
+                            f"max |error| {check['max_abs_err']:.3g} > tolerance {check['tolerance']:.3g}; "
+                            "not timed")
+        err.check = check  # type: ignore[attr-defined]
+        raise err
+    library = kernels[0].library
+    flusher = L2Flusher(session.device, session.gpu.l2_bytes, library) if "cold" in session.exp.bench.modes else None
+    eff_bytes = bytes_per_table(batches, session.workload.row_bytes)
+    outputs = preallocate(kernels, mapped)
+    summary, reps, per_table, per_launch = [], [], {}, {}
+    clocks = {"before": sample_clocks(session.nvml_index)}
+    timed = [(mode, time_point(kernels, mapped, mode, session.exp.bench, flusher, outputs=outputs,
+                               max_sm_clock_MHz=session.gpu.boost_clock_MHz))
+             for mode in session.exp.bench.modes]
+    for mode, res in timed:
+        T = res["tables"]
+        k, p, w = res["kernel"], res["prepass"], res["with_prepass"]
+        per_table_us = k.mean / T
+        tm = res["timing"]
+        row = {"mode": mode, "per_batch_us": k.mean, "per_table_us": per_table_us, "ci95_us": k.ci95 / T,
+               "rel_ci": k.rel_ci, "rel_std": k.rel_std, "stable": k.stable, "reps": k.n,
+               "median_per_table_us": k.median / T, "min_per_table_us": k.min / T,
+               "prepass_per_table_us": p.mean / T if p else 0.0,
+               "per_table_incl_prepass_us": w.mean / T, "ci95_incl_prepass_us": w.ci95 / T,
+               "per_launch_us": tm["per_launch_us"], "timed_unit": tm["unit"],
+               "bytes_per_table": eff_bytes, "effective_GBps": eff_bytes / per_table_us / 1e3,
+               "hbm_pct": 100 * eff_bytes / per_table_us / 1e3 / session.gpu.hbm_GBps,
+               "timing_method": tm["method"], "gap_free": tm["gap_free"],
+               "host_bound_reps": tm["host_bound_reps"],
+               "host_launch_us": tm["host_enqueue_per_launch_us"],
+               "launch_gap_us": tm["launch_gap_per_launch_us"], "flush_bytes": tm["flush_bytes"],
+               "seconds": res["seconds"]}
+        if "phases_per_table_us" in res:
+            row["cache_phases_per_table_us"] = res["phases_per_table_us"]
+        summary.append(row)
+        reps += res["repetitions"]
+        per_table[mode] = res["per_table_mean_us"]
+        per_launch[mode] = res["per_launch_table_us"]
+    clocks["after"] = sample_clocks(session.nvml_index)
+    first = kernels[0]
+    return {"status": "ok", "backend": session.backend, "gpu": session.gpu.name, "params": first.params,
+            "hot_rows": 0 if first.hot_rows is None else int(len(first.hot_rows)), "window": first.window,
+            "hot_rows_from": f"warm-up batches 0..{session.warmup - 1}" if session.warmup else "none",
+            "warmup_batches": session.warmup, "check": check, "clock_control": BENCH_CLOCK_CONTROL,
+            "clocks": clocks, "throttle": throttle_verdict(clocks), "l2_set_aside": set_aside,
+            "identity": session.identity, "summary": summary, "repetitions": reps,
+            "per_table_mean_us": per_table, "per_launch_table_us": per_launch,
+            **({"uvm": first.managed.describe() if first.managed is not None else
+                {"mode": uvm_mode(first.params), "advice": ["none: the CPU backend reads the table itself"]}}
+               if first.variant.host == "uvm" else {})}
 
 
 def run_bench(run_dir: Path, points: list[tuple[str, str]], backend: str) -> int:
@@ -298,69 +325,76 @@ def run_bench(run_dir: Path, points: list[tuple[str, str]], backend: str) -> int
     return 0
 
 
-def run_profile_target(run_dir: Path, variant: str, dataset: str, backend: str) -> int:
-    """What ncu launches: warm-up (not profiled), then the profiled NVTX ranges."""
-    run = load_run(run_dir)
-    exp = ExperimentConfig.from_dict(run.meta["experiment"])
-    prof = exp.profile
-    session = Session.open(exp, backend, batches=prof.warmup_batches + 1)
-    batches = session.dataset(dataset)
+def variant_launches(variant: str) -> list[str]:
+    """The kernels one table of one batch launches, in order (what ncu's -k filter sees)."""
+    v = get_variant(variant)
+    if v.entry is None:
+        return [TORCH_EMBEDDING_BAG_KERNEL]
+    return (["chz_l2_pin_kernel"] if v.l2 == "prefetch" else []) + [v.kernel or v.entry]
+
+
+def matching_launches(variant: str, kernel_filter: str = KERNEL_FILTER) -> int:
+    """Launches per table and batch that the kernel filter matches."""
+    return sum(bool(re.search(kernel_filter, name)) for name in variant_launches(variant))
+
+
+def launches_before_profiled(variant: str, tables: int, warmup: int, kernel_filter: str = KERNEL_FILTER) -> int:
+    """Kernel launches matching the filter that the profile target makes before its
+    profiled ones, in order: the correctness check (each table: the variant's launches,
+    then the float64 reference, torch's embedding_bag on the device), then `warmup`
+    batches of every table. What `ncu --launch-skip` must skip when NVTX cannot scope."""
+    reference = int(bool(re.search(kernel_filter, TORCH_EMBEDDING_BAG_KERNEL)))
+    per_batch = matching_launches(variant, kernel_filter)
+    return tables * (per_batch + reference) + warmup * tables * per_batch
+
+
+def profile_point(session: Session, variant: str, dataset: str,
+                  batches: list[list[tuple[torch.Tensor, torch.Tensor]]]) -> int:
+    """One point as bench sees it before its first timed batch, then that batch's first
+    tables under NVTX: the device state set as bench sets it, the check (not a warm-up),
+    the same warm-up batches with the same hot rows, then the profiled launches.
+    Returns how many tables were profiled."""
+    prof = session.exp.profile
     kernels, mapped = session.bind(variant, batches)
     try:
-        # the check is the first warm-up batch (same launches), so launch order is unchanged
-        check = check_point(kernels, mapped, variant)
-        if not check["passed"]:
-            raise CheckMismatch(f"{variant} does not match torch on {dataset} (table {check['table']}, batch 0): "
-                              f"max |error| {check['max_abs_err']:.3g} > tolerance {check['tolerance']:.3g}; "
-                              "not profiled")
-        with l2_set_aside(kernels, prof.l2_set_aside) as set_aside:
-            for b in range(1, prof.warmup_batches):
+        with device_state(kernels, session.exp.bench.l2_set_aside) as set_aside:
+            check = check_point(kernels, mapped, variant)
+            if not check["passed"]:
+                raise CheckMismatch(f"{variant} does not match torch on {dataset} (table {check['table']}, batch 0): "
+                                    f"max |error| {check['max_abs_err']:.3g} > tolerance "
+                                    f"{check['tolerance']:.3g}; not profiled")
+            outputs = preallocate(kernels, mapped)
+            for w in range(session.warmup):
                 for t, tk in enumerate(kernels):
                     tk.prepass()
-                    tk.launch(*mapped[b][t])
-            last = mapped[prof.warmup_batches]
+                    tk.launch(*mapped[w % len(mapped)][t], out=outputs[t])
+            first_timed = mapped[timed_batch_index(session.warmup, len(mapped), 0)]
+            n = min(prof.tables, len(kernels))
             with nvtx_range(PROFILE_RANGE):
-                for t in range(min(prof.tables, len(kernels))):
+                for t in range(n):
                     with nvtx_range(nvtx_name(variant, dataset, t)):
                         kernels[t].prepass()
-                        kernels[t].launch(*last[t])
+                        kernels[t].launch(*first_timed[t], out=outputs[t])
             if session.device.type == "cuda":
                 torch.cuda.synchronize()
         if set_aside:
             print(f"persisting-L2 set-aside: {set_aside['granted_bytes']} of {set_aside['requested_bytes']} "
                   "bytes requested", flush=True)
     finally:
-        for k in kernels:
-            k.close()
-    print(f"profiled {variant} {dataset}: {min(prof.tables, len(kernels))} table launch(es) after "
-          f"{prof.warmup_batches} warm-up batch(es)", flush=True)
+        close_all(kernels)
+    return n
+
+
+def run_profile_target(run_dir: Path, variant: str, datasets: list[str], backend: str) -> int:
+    """What ncu launches: each dataset's point in turn (profile_point), in one process."""
+    run = load_run(run_dir)
+    exp = ExperimentConfig.from_dict(run.meta["experiment"])
+    session = Session.open(exp, backend)   # the workload's batches, as bench loads them
+    for dataset in datasets:
+        n = profile_point(session, variant, dataset, session.dataset(dataset))
+        print(f"profiled {variant} {dataset}: {n} table launch(es) after {session.warmup} warm-up batch(es)",
+              flush=True)
     return 0
-
-
-#: seconds an orphaned worker gets to stop cleanly (finish writing a point file) before it is ended hard
-ORPHAN_GRACE_S = 2.0
-
-
-def _stop(signum: int, _frame: object) -> None:
-    """SIGTERM (the parent-death signal): unwind, so temporaries are removed and kernels closed."""
-    raise SystemExit(EXIT_ORPHANED)
-
-
-def _orphaned() -> None:
-    """The supervisor's pipe closed: stop like on SIGTERM, and hard after a grace period
-    (the main thread may be inside a long native call)."""
-    os.kill(os.getpid(), signal.SIGTERM)
-    time.sleep(ORPHAN_GRACE_S)
-
-
-def supervise(supervisor: int | None) -> None:
-    """Tie this worker process to its parent: the parent-death signal, and with the
-    supervisor's pid, a check that it is still the parent plus the stdin-pipe watchdog."""
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _stop)
-    die_with_parent(signal.SIGTERM, parent=supervisor)
-    if supervisor is not None:
-        watch_pipe(0, on_close=_orphaned)
 
 
 def main(argv: list[str] | None = None, *, supervised: bool = False) -> int:
@@ -375,7 +409,7 @@ def main(argv: list[str] | None = None, *, supervised: bool = False) -> int:
     p = sub.add_parser("profile")
     p.add_argument("run_dir", type=Path)
     p.add_argument("--variant", required=True)
-    p.add_argument("--dataset", required=True)
+    p.add_argument("--dataset", action="append", required=True, help="repeat for several points in one process")
     p.add_argument("--backend", default=None)
     args = ap.parse_args(argv)
     if supervised:
@@ -385,7 +419,7 @@ def main(argv: list[str] | None = None, *, supervised: bool = False) -> int:
         if args.cmd == "bench":
             points = [tuple(p.split(":", 1)) for p in args.point]
             return run_bench(args.run_dir, points, backend)  # type: ignore[arg-type]
-        return run_profile_target(args.run_dir, args.variant, args.dataset, backend)
+        return run_profile_target(args.run_dir, args.variant, list(args.dataset), backend)
     except CharacterizeError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return e.exit_code

@@ -197,3 +197,27 @@ def test_compare_command_pairs_by_hand(ncu_fixtures):
     assert {x["match"] for x in data["kernels"]} == {"manual (--pair)"}
     bad = CliRunner().invoke(main, ["compare", str(a), str(b), "--pair", "nodeByPoint"])
     assert bad.exit_code != 0 and "KERNEL_A=KERNEL_B" in bad.output
+
+
+def test_bench_beside_ncu_per_table():
+    """A run's bench figures (per table from the batch, and the per-launch diagnostic)
+    beside ncu's gpu__time_duration of each table's lookup kernel, the pre-pass left out."""
+    from types import SimpleNamespace
+
+    from characterize.analysis.compare import bench_vs_ncu
+
+    point = {"variant": "l2p", "dataset": "medium", "status": "ok",
+             "summary": [{"mode": "steady", "per_table_us": 10.0}], "per_launch_table_us": {"steady": [12.0, 11.5]}}
+    kernels = pd.DataFrame({"variant": ["l2p"] * 4, "dataset": ["medium"] * 4, "table": [0, 0, 1, 1],
+                            "kernel_name": ["chz_l2_pin_kernel", "chz_base_kernel", "chz_l2_pin_kernel",
+                                            "chz_base_kernel"],
+                            "function": ["chz_l2_pin_kernel", "chz_base_kernel", "chz_l2_pin_kernel",
+                                         "chz_base_kernel"],
+                            "duration_ns": [3000.0, 9000.0, 3000.0, 9500.0], "kernel_id": [0, 1, 2, 3]})
+    metrics = pd.DataFrame({"kernel_id": [0, 1, 2, 3], "metric": ["gpc__cycles_elapsed.avg.per_second"] * 4,
+                            "unit": ["hz"] * 4, "value": [1.41e9, 1.98e9, 1.41e9, 1.98e9]})
+    run = SimpleNamespace(points=lambda kind: [point] if kind == "bench" else [], kernels=kernels, metrics=metrics)
+    out = bench_vs_ncu(run)
+    assert list(out["table"]) == [0, 1] and list(out["ncu_duration_us"]) == [9.0, 9.5]
+    assert list(out["bench_per_launch_us"]) == [12.0, 11.5] and list(out["ncu_over_bench"]) == [0.9, 0.95]
+    assert out["sm_frequency_MHz"].iloc[0] == pytest.approx(1980.0)

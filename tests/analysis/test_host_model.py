@@ -80,17 +80,30 @@ def test_the_predicted_hit_rate_is_what_the_emulated_cache_measures():
 
 
 def test_uvm_pages_fit_or_thrash():
-    fits = MP.predict(WL, ["low"], ["uvm"], ["sm_80"], static=static(), sass=sass())
+    """uvm with migrate=1: pages move to the GPU on first touch and GPU memory caches them."""
+    migrate = {"uvm": {"migrate": 1}}
+    fits = MP.predict(WL, ["low"], ["uvm"], ["sm_80"], static=static(), sass=sass(), params=migrate)
     assert fits["cache_ratio"].iloc[0] == 1.0          # GPU memory holds the whole table
     # GPU memory for the traces and 4 pages per table
     memory = WL.device_bytes() - WL.T * WL.table_bytes + WL.T * 4 * UVM_PAGE_BYTES
     small = dataclasses.replace(gpu_spec("sm_80"), key="tiny-gpu", memory_bytes=memory)
-    thrash = MP.predict(WL, ["low"], ["base", "uvm"], [small], static=static(), sass=sass())
+    thrash = MP.predict(WL, ["low"], ["base", "uvm"], [small], static=static(), sass=sass(), params=migrate)
     row = thrash[thrash["variant"] == "uvm"].iloc[0]
     assert row["cache_ratio"] < 1 and row["cache_hit_rate_pct"] < fits["cache_hit_rate_pct"].iloc[0]
     assert row["host_bytes"] > 0                       # whole pages migrate, whatever a lookup reads
     assert row["time_us"] > thrash[thrash["variant"] == "base"]["time_us"].iloc[0]
     assert row["transfer_us"] > 0 and np.isclose(row["transfer_us"] + row["lookup_us"], row["time_us"])
+
+
+def test_uvm_reads_in_place_over_the_link_by_default():
+    """Zero-copy (migrate=0, as FBGEMM's managed tables run): every row the L2 misses
+    crosses the host link once, 30-70x cheaper than migrating 64 KiB pages for it."""
+    zero = MP.predict(WL, ["low"], ["base", "uvm"], ["sm_80"], static=static(), sass=sass())
+    row = zero[zero["variant"] == "uvm"].iloc[0]
+    gpu = gpu_spec("sm_80")
+    assert row["transfer_us"] == pytest.approx(row["host_bytes"] / gpu.pcie_GBps / 1000)
+    assert row["host_bytes"] < WL.lookups_per_batch * WL.row_bytes * 1.01
+    assert row["time_us"] > zero[zero["variant"] == "base"]["time_us"].iloc[0]
 
 
 def test_host_links_are_in_the_spec_table_with_sources():

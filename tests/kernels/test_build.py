@@ -132,3 +132,74 @@ def test_the_cuda_headers_dtype_codes_are_the_dtype_table():
     codes = {name.strip().removeprefix("CHZ_").lower(): int(code) for name, code in
              (item.split("=") for item in enum.split(","))}
     assert codes == {d.name: d.code for d in DTYPES.values()}
+
+
+# --------------------------------------------------- the compiler the driver supports
+def _stand_in_nvcc(folder, release: str):
+    """A CUDA `release` nvcc for the choice alone (its version line): no CUDA 12 compiler
+    can be installed here (PyPI's CUDA 12 nvcc wheel holds ptxas only)."""
+    folder.mkdir(parents=True)
+    exe = folder / "nvcc"
+    exe.write_text(f"#!/bin/sh\necho 'Cuda compilation tools, release {release}, V{release}.1'\n")
+    exe.chmod(0o755)
+    return exe
+
+
+def test_the_compiler_is_chosen_for_the_drivers_cuda_version(tmp_path):
+    real = find_nvcc()
+    old = _stand_in_nvcc(tmp_path / "cuda-12.4" / "bin", "12.4")
+    found = [(real.path, "PATH"), (old, "/usr/local/cuda-12.4")]
+    # a driver of CUDA 13 runs what the first (CUDA 13) nvcc builds
+    new = B.choose_nvcc(found, "580.65.06", (13, 0))
+    assert new.path == real.path and "chosen for driver 580.65.06 (CUDA 13.0)" in new.describe()
+    # an R535 driver (CUDA 12.2): the CUDA 12 toolkit, minor versions being compatible within a major
+    chosen = B.choose_nvcc(found, "535.104.05", (12, 2))
+    assert chosen.path == old and chosen.version == "12.4.1" and "driver 535.104.05" in chosen.describe()
+    # the build cache keeps the two toolkits' libraries apart
+    spec = BuildSpec("cuda", "sm_80")
+    assert B._cache_dir(spec, chosen) != B._cache_dir(spec, new)
+    # no driver here: the first found, said so
+    assert "no NVIDIA driver" in B.choose_nvcc(found, None, None).chosen
+
+
+def test_a_driver_older_than_every_compiler_is_one_line_naming_both(tmp_path):
+    real = find_nvcc()
+    with pytest.raises(ToolchainNotFound) as e:
+        B.choose_nvcc([(real.path, "PATH")], "470.57.02", (11, 4))
+    msg = str(e.value)
+    assert "\n" not in msg and "470.57.02" in msg and "CUDA up to 11.4" in msg
+    assert f"CUDA {real.version.split('.')[0]} needs driver >= 580.65.06" in msg
+
+
+def test_find_nvcc_asks_the_driver(monkeypatch, tmp_path):
+    """find_nvcc with a stubbed driver (the driver needs a GPU): a CUDA 11 driver refuses
+    the CUDA 13 compilers found here; a CUDA 13 driver builds with one, and says so."""
+    monkeypatch.setattr(B, "driver_cuda_version", lambda: ("470.57.02", (11, 4)))
+    B.find_nvcc.cache_clear()
+    try:
+        with pytest.raises(ToolchainNotFound, match="470.57.02"):
+            B.find_nvcc()
+        monkeypatch.setattr(B, "driver_cuda_version", lambda: ("580.65.06", (13, 0)))
+        B.find_nvcc.cache_clear()
+        monkeypatch.setenv("CHARACTERIZE_CACHE", str(tmp_path))
+        result = B.build(BuildSpec("cuda", "sm_80"))
+        assert "chosen for driver 580.65.06 (CUDA 13.0)" in result.compiler
+    finally:
+        B.find_nvcc.cache_clear()
+
+
+def test_the_environments_nvcc_wheel_comes_before_usr_local_cuda(tmp_path):
+    wheel = tmp_path / "site" / "nvidia" / "cu13" / "bin"
+    _stand_in_nvcc(wheel, "13.5")
+    system = _stand_in_nvcc(tmp_path / "usr" / "cuda" / "bin", "13.0")
+    import sys
+
+    sys.path.insert(0, str(tmp_path / "site"))
+    try:
+        places = toolchain.Places(path="", cuda_home="", cuda_parent=tmp_path / "usr", nsight_root=tmp_path / "x")
+        found = toolchain.find_all("nvcc", "CHARACTERIZE_NVCC_UNSET", places=places)
+    finally:
+        sys.path.remove(str(tmp_path / "site"))
+    mine = [(p, w) for p, w in found if str(p).startswith(str(tmp_path))]   # (the venv's own wheels aside)
+    assert [w for _, w in mine] == ["pip wheel", str(tmp_path / "usr" / "cuda")] and mine[1][0] == system
+    assert found[-1][0] == system   # every wheel before /usr/local/cuda

@@ -13,6 +13,7 @@ from characterize.kernels.build import BuildSpec
 from characterize.kernels.check import check_one, check_variants, expected_bags
 from characterize.kernels.library import (
     bind,
+    device_state,
     hot_rows_by_frequency,
     load_library,
     run_variant,
@@ -175,6 +176,8 @@ def test_hot_rows_default_to_the_persisting_budget():
 
 
 def test_l2_window_is_applied_then_device_and_stream_state_restored():
+    """The set-aside is set once for the point, the window travels with each launch (a
+    launch attribute: the stream's own window never changes), and the state is put back."""
     c = WorkloadConfig.tiny()
     idx, off = batch(c)
     W = table(c)
@@ -184,13 +187,19 @@ def test_l2_window_is_applied_then_device_and_stream_state_restored():
     lib.emu_configure(1 << 20, 16 << 10, 1 << 20)  # small L2 so the carve-out is the binding limit
     mapped = tk.map_indices(idx)
     assert torch.equal(W[mapped], original[idx])  # reordered table, remapped indices: same rows
-    tk.prepass()
-    s = lib.emu_state()
     hot_bytes = 100 * c.D * 4
-    assert s.window_base == W.data_ptr() and s.window_bytes == hot_bytes
-    assert s.persisting_limit == 16 << 10 and s.window_hit_prop == 2 and s.window_miss_prop == 1
-    assert s.window_hit_ratio == pytest.approx((16 << 10) / hot_bytes)
-    out = tk.launch(mapped, off)
+    with device_state([tk]) as granted:
+        assert granted == {"requested_bytes": hot_bytes, "granted_bytes": 16 << 10, "previous_bytes": 0}
+        tk.prepass()   # nothing to do: no pre-pass kernel, no stream attribute
+        s = lib.emu_state()
+        assert s.persisting_limit == 16 << 10 and s.window_bytes == 0 and s.windowed_launches == 0
+        out = tk.launch(mapped, off)
+        s = lib.emu_state()
+        assert s.windowed_launches == 1 and s.window_bytes == 0   # the stream's window is untouched
+        assert s.launch_window_base == W.data_ptr() and s.launch_window_bytes == hot_bytes
+        assert s.launch_window_hit_ratio == pytest.approx((16 << 10) / hot_bytes)
+        assert tk.window == {"carveout_bytes": 16 << 10, "window_bytes": hot_bytes,
+                             "hit_ratio": pytest.approx((16 << 10) / hot_bytes)}
     assert torch.allclose(out.output, torch.nn.functional.embedding_bag(idx, original, off, mode="sum"), atol=1e-5)
     tk.close()
     s = lib.emu_state()

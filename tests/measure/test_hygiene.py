@@ -92,6 +92,34 @@ def test_a_child_whose_parent_is_already_gone_exits_at_once():
     assert subprocess.run([sys.executable, "-c", code]).returncode == EXIT_ORPHANED
 
 
+def _armed_signal(supervisor: str) -> int:
+    """The parent-death signal a worker process ends up with after supervise(`supervisor`)."""
+    code = textwrap.dedent(f"""
+        import ctypes, os, sys
+        sys.path.insert(0, {str(ROOT)!r})
+        from characterize.measure.lifeline import supervise
+        supervise({supervisor})
+        sig = ctypes.c_int()
+        ctypes.CDLL(None).prctl(2, ctypes.byref(sig), 0, 0, 0)   # PR_GET_PDEATHSIG
+        print(sig.value, flush=True)
+    """)
+    # stdin is a pipe we hold open, as the runner does (its closing would end the worker)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        return int(proc.stdout.readline())
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=60)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl(PR_GET_PDEATHSIG) is Linux only")
+def test_the_parent_death_signal_is_armed_only_when_the_runner_is_the_direct_parent():
+    # the bench worker, started by the runner: armed (SIGTERM)
+    assert _armed_signal("os.getppid()") == signal.SIGTERM
+    # the profile target, which ncu forks (no --supervisor): nothing armed, ncu's exit is not ours to follow
+    assert _armed_signal("None") == 0
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
 def test_a_killed_bench_leaves_no_worker_measuring_and_resume_measures_nothing_twice(tmp_path, sig):

@@ -75,9 +75,15 @@ DEFAULT_METRICS = ",".join(
         "dram__bytes_write.sum",
         "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed",
         "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+        "gpc__cycles_elapsed.avg.per_second",   # the SM clock, in every metric set
     ]
 )
 GMMA = "smsp__average_warps_issue_stalled_gmma_per_issue_active.ratio"
+
+
+def test_every_metric_set_records_the_sm_clock() -> None:
+    for name, metric_set in METRIC_SETS.items():
+        assert "gpc__cycles_elapsed.avg.per_second" in metric_set.metrics, name
 
 # ---------------------------------------------------------------------------
 # argv
@@ -133,7 +139,7 @@ def test_non_default_argv_is_exact() -> None:
         "--nvtx-include", "regex:chz\\/rpf\\/.*/",
         "--metrics",
         "gpu__time_duration.sum,sm__warps_active.avg.pct_of_peak_sustained_active,lts__t_sector_hit_rate.pct,"
-        "dram__bytes_read.sum,dram__bytes_write.sum,sm__cycles_elapsed.avg",
+        "dram__bytes_read.sum,dram__bytes_write.sum,gpc__cycles_elapsed.avg.per_second,sm__cycles_elapsed.avg",
         "--launch-count", "12",
         "-k", "regex:embedding_bag_.*",
         "./bench",
@@ -494,7 +500,7 @@ def test_cache_collection_argv_is_exact() -> None:
         "--nvtx",
         "--nvtx-include", "chz-profile/",
         "--metrics", "lts__t_sector_hit_rate.pct,lts__t_sectors.sum,lts__t_bytes.sum,dram__bytes_read.sum,"
-                     "dram__bytes_write.sum",
+                     "dram__bytes_write.sum,gpc__cycles_elapsed.avg.per_second",
         "-k", "regex:chz_|EmbeddingBag",
         "python", "-m", "w", "profile",
     ]  # fmt: skip

@@ -176,7 +176,13 @@ def test_profile_orchestration_end_to_end(tmp_path, fake_ncu):
                                   "--variants", "base,l2p"])
     assert r.exit_code == 0, r.output
     argvs = calls(log)
-    assert len(argvs) == 8  # per point: the main collection, then the cache counters under application replay
+    # per variant, first one ncu process for both datasets; the recorded report the stand-in returns
+    # does not hold 2 points' kernels, so each point then gets its own: the main collection, then the
+    # cache counters under application replay
+    grouped = [a for a in argvs if a.count("--dataset") == 2]
+    assert len(grouped) == 2 and len(argvs) == 2 + 8
+    assert "profiling the points one by one" in (out / "log.txt").read_text()
+    argvs = [a for a in argvs if a.count("--dataset") == 1]
     exp = load_experiment(str(exp_path))
     target = [sys.executable, "-m", "characterize.measure.worker", "profile", str(out), "--variant", "base", "--dataset",
               "medium", "--backend", "emulate"]
@@ -206,7 +212,7 @@ def test_profile_orchestration_end_to_end(tmp_path, fake_ncu):
     assert len(k) == 4 and k["achieved_occupancy_pct"].round(2).eq(80.59).all()
     again = CliRunner().invoke(main, ["profile", str(exp_path), "--ncu", str(ncu), "--out", str(out),
                                       "--variants", "base,l2p", "--resume"])
-    assert again.exit_code == 0 and len(calls(log)) == 8  # nothing redone
+    assert again.exit_code == 0 and len(calls(log)) == 10  # nothing redone
 
 
 def test_profile_permission_error_is_explained_and_stops(tmp_path, fake_ncu, monkeypatch):
@@ -230,8 +236,12 @@ def test_profile_falls_back_to_launch_order_when_nvtx_matches_nothing(tmp_path, 
     assert cache[cache.index("--metrics") + 2:cache.index("--launch-count")] == second[second.index("--launch-skip"):
                                                                                        second.index("--launch-count")]
     skip = second[second.index("--launch-skip") + 1]
-    assert skip == str(1 * 2 * 2)  # 1 warm-up batch x T=2 tables x (pre-pass + lookup)
-    assert load_run(tmp_path / "run").points("profile")[0]["scoping"] == "launch-skip"
+    # every launch the -k filter matches before the profiled ones: the check (T=2 tables x (pre-pass +
+    # lookup + the float64 reference, torch's EmbeddingBag kernel)), then 1 warm-up batch x 2 tables x 2
+    assert skip == str(2 * (2 + 1) + 1 * 2 * 2)
+    assert second[second.index("--launch-count") + 1] == str(1 * 2)   # 1 profiled table: pre-pass + lookup
+    point = load_run(tmp_path / "run").points("profile")[0]
+    assert point["scoping"] == "launch-skip" and point["launch_skip"] == 10
 
 
 @pytest.mark.slow
@@ -309,3 +319,25 @@ def test_a_variant_that_fails_its_check_is_a_failed_profile_point_with_the_reaso
     pts = {p["variant"]: p for p in load_run(tmp_path / "run").points("profile")}
     assert pts["wrong"]["status"] == "failed" and "does not match torch" in pts["wrong"]["error"]
     assert "not profiled" in pts["wrong"]["error"] and pts["base"]["status"] == "ok"
+
+
+def test_a_report_shared_by_a_variants_points_is_split_by_launch_order(ncu_fixtures):
+    """One ncu process for a variant's points: each point's kernels by position (the target
+    profiles the points in order), checked against the datasets NVTX named, and each point
+    reads back only its own kernels."""
+    from characterize.extract.ncu_rep import read_report
+    from characterize.measure.runner import split_report
+    from characterize.store import _at_positions
+
+    kernels = read_report(ncu_fixtures / "a100_mistic_msdkt23.ncu-rep")
+    ids = list(pd.unique(kernels["kernel_id"]))
+    n = len(ids) // 2
+    two = kernels[kernels["kernel_id"].isin(ids[:2 * n])].copy()
+    two["dataset"] = ""   # a report without our NVTX names: launch order alone
+    parts = split_report(two, ["medium", "low"], n)
+    assert parts == {"medium": list(range(n)), "low": list(range(n, 2 * n))}
+    assert set(_at_positions(two, parts["low"])["kernel_id"]) == set(ids[n:2 * n])
+    assert split_report(two, ["medium", "low"], n + 1) is None   # not the launches the target made
+    named = two.assign(dataset=two["kernel_id"].map(lambda k: "medium" if k in ids[:n] else "low"))
+    assert split_report(named, ["medium", "low"], n) == parts
+    assert split_report(named, ["low", "medium"], n) is None      # NVTX disagrees with the order

@@ -16,20 +16,24 @@ class SimulatedStream:
     """One CUDA stream on a simulated clock. Host calls cost host time; enqueued work
     starts once it is submitted and everything before it is done; an event's timestamp
     is when the stream reaches it. After a kernel and its closing event the stream idles
-    `gap_us` (the device's turnaround between launches). `spins` False models a device
-    whose delay does not delay (eager timing)."""
+    `gap_us` (the device's turnaround between launches); a kernel that follows an event
+    (not a kernel) waits `front_us` more (the launch front-end, hidden behind a kernel
+    queued right before it). `spins` False models a device whose delay does not delay
+    (eager timing)."""
 
     method = METHOD_DELAY
 
-    def __init__(self, gap_us: float = 0.0, call_us: float = 2.0, spins: bool = True):
+    def __init__(self, gap_us: float = 0.0, call_us: float = 2.0, spins: bool = True, front_us: float = 0.0):
         self.host = 0.0
         self.free = 0.0
-        self.gap_us, self.call_us, self.spins = gap_us, call_us, spins
+        self.gap_us, self.call_us, self.spins, self.front_us = gap_us, call_us, spins, front_us
         self.log: list[str] = []   # what reached the device, in order
 
     def _submit(self, what: str, duration: float) -> float:
         turnaround = self.log[-2:] == ["kernel", "event"]
-        start = max(self.host, self.free + (self.gap_us if turnaround else 0.0))
+        # the launch front-end: hidden behind a kernel queued right before, exposed after an event
+        front = self.front_us if what == "kernel" and self.log[-1:] != ["kernel"] else 0.0
+        start = max(self.host, self.free + (self.gap_us if turnaround else 0.0)) + front
         self.free = start + duration
         self.log.append(what)
         return start
@@ -83,22 +87,68 @@ def _time(stream: SimulatedStream, bench: BenchConfig = BENCH, host_us: float = 
 
 def test_events_bracket_device_work_only_although_each_launch_costs_more_host_time():
     res = _time(SimulatedStream(gap_us=1.0))
-    # 18 us of host time per launch, 6.5-11 us on the device: the events see the device times exactly
-    assert res["per_table_mean_us"] == pytest.approx(DEVICE_US)
+    # 18 us of host time per launch, 6.5-11 us on the device: one event pair around the
+    # batch sees the device time of the T launches exactly; per table is its share
+    T = len(DEVICE_US)
     assert res["kernel"].mean == pytest.approx(sum(DEVICE_US))
+    assert res["per_table_mean_us"] == pytest.approx([sum(DEVICE_US) / T] * T)
     tm = res["timing"]
     assert tm["method"] == METHOD_DELAY and tm["gap_free"] and tm["host_bound_reps"] == 0
+    assert tm["unit"] == "batch of T launches"
     assert all(r["gap_free"] and r["counted"] for r in res["repetitions"])
-    # launch overhead apart: the host's enqueue cost and the device's own gap between kernels
-    assert tm["host_enqueue_per_launch_us"] == pytest.approx(18.0 + 4 * 2.0)
-    assert tm["launch_gap_per_launch_us"] == pytest.approx(1.0 * (len(DEVICE_US) - 1) / len(DEVICE_US))
+    # launch overhead apart: the host's enqueue cost (T launches and 3 events per batch) and,
+    # from the per-launch diagnostic, each table's own time and the device's gap between kernels
+    assert tm["host_enqueue_per_launch_us"] == pytest.approx(18.0 + 3 * 2.0 / T)
+    assert res["per_launch_table_us"] == pytest.approx(DEVICE_US)
+    assert tm["launch_gap_per_launch_us"] == pytest.approx(1.0 * (T - 1) / T)
+
+
+def test_one_event_pair_per_batch_exposes_the_launch_front_end_once_not_once_per_launch():
+    T = len(DEVICE_US)
+    res = _time(SimulatedStream(front_us=2.0))
+    assert res["kernel"].mean / T == pytest.approx(sum(DEVICE_US) / T + 2.0 / T)   # once per batch
+    assert res["per_launch_table_us"] == pytest.approx([d + 2.0 for d in DEVICE_US])   # the diagnostic: each
 
 
 def test_without_a_delay_host_gaps_inflate_the_times_and_are_caught():
     res = _time(SimulatedStream(spins=False))
     assert not res["timing"]["gap_free"] and res["timing"]["host_bound_reps"] == len(res["repetitions"])
     # what an eager harness would have reported: host time counted as kernel time
-    assert all(m > d + 10 for m, d in zip(res["per_table_mean_us"], DEVICE_US))
+    assert res["kernel"].mean > sum(DEVICE_US) + 10 * len(DEVICE_US)
+
+
+class SimulatedCache:
+    """A cache's bookkeeping as the timing loop sees it: its phases of the last batch."""
+
+    def __init__(self):
+        from types import SimpleNamespace
+
+        self.stats = [SimpleNamespace(dedup_us=3.0, transfer_us=5.0, lookup_us=7.0)]
+
+
+class SimulatedCachedKernel(SimulatedKernel):
+    """The cache variant: host work that waits for the device before its lookup."""
+
+    def __init__(self, stream: SimulatedStream, device_us: float):
+        super().__init__(stream, device_us)
+        self.cache = SimulatedCache()
+
+    def launch(self, idx, off, out=None) -> None:
+        self.stream.sync()           # unique ids and slot maps read back on the host
+        self.stream.host += 30.0     # the host's share of the batch
+        self.stream.kernel(self.host_us, self.device_us)
+
+
+def test_the_cache_is_timed_as_it_runs_without_a_delay_kernel():
+    stream = SimulatedStream()
+    kernels = [SimulatedCachedKernel(stream, d) for d in DEVICE_US]
+    res = time_point(kernels, BATCHES, "steady", BENCH, outputs=[None] * len(kernels), clock=stream)
+    tm = res["timing"]
+    assert tm["method"] == "cache-as-run" and tm["delay_us"] == 0 and tm["host_bound_reps"] == 0
+    assert all(r["counted"] and r["delay_us"] == 0 for r in res["repetitions"])
+    assert "delay" not in stream.log   # never a spin to wait out, let alone a doubled one
+    assert res["kernel"].mean > sum(DEVICE_US) + 30 * len(DEVICE_US)   # the host work is part of its cost
+    assert res["phases_per_table_us"] == {"dedup": 3.0, "transfer": 5.0, "lookup": 7.0}
 
 
 def test_a_delay_too_short_for_the_host_is_doubled_and_its_repetitions_left_out():

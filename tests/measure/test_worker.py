@@ -102,7 +102,7 @@ def _l2p_tables(max_persisting: int, T: int = 2):
 
 
 def test_l2p_runs_inside_a_persisting_set_aside_sized_for_its_hot_rows_and_restores_it():
-    from characterize.measure.worker import l2_set_aside
+    from characterize.kernels.library import device_state as l2_set_aside
 
     kernels = _l2p_tables(max_persisting=1 << 20)
     lib = kernels[0].library
@@ -154,3 +154,116 @@ def test_on_a_gpu_the_set_aside_is_granted_within_the_device_maximum_and_restore
     with l2_set_aside(kernels, True) as granted:
         assert 0 < granted["granted_bytes"] <= min(granted["requested_bytes"], limit)
     assert kernels[0].library.l2_set_aside(0)[1] == granted["previous_bytes"]
+
+
+def _emulated_device():
+    """The process's emulated device (one per process, as a GPU's context), sized as the
+    tiny experiment's GPU (sm_80: the A100 entry)."""
+    from characterize.hardware.specs import gpu_spec
+    from characterize.kernels.build import BuildSpec
+    from characterize.kernels.library import load_library
+
+    lib = load_library(BuildSpec("emulate"))
+    gpu = gpu_spec("sm_80")
+    lib.emu_configure(gpu.l2_bytes, gpu.max_persisting_l2_bytes)
+    return lib
+
+
+def _user_l2_state(lib) -> tuple:
+    """Give the device a state of its own before the worker starts: a 4 KiB persisting
+    limit and a stream window, as another program on the GPU might have left them."""
+    import ctypes
+
+    carve, nbytes, ratio = ctypes.c_uint64(), ctypes.c_uint64(), ctypes.c_float()
+    assert lib.lib.chz_l2_window_apply(None, 0x10000, 4096, ctypes.byref(carve), ctypes.byref(nbytes),
+                                       ctypes.byref(ratio)) == 0
+    return _l2_state(lib)
+
+
+def _l2_state(lib) -> tuple:
+    s = lib.emu_state()
+    return (s.persisting_limit, s.window_base, s.window_bytes, round(s.window_hit_ratio, 6), s.window_hit_prop,
+            s.window_miss_prop)
+
+
+def _four_tables(tmp_path, variants):
+    path = write_experiment(tmp_path, datasets=("medium", "high"), variants=variants, max_reps=3)
+    path.write_text(path.read_text().replace("T = 2", "T = 4"))
+    exp = load_experiment(str(path))
+    assert exp.workload.T == 4
+    return exp, open_experiment_run(exp, tmp_path / "run", "bench", False, None, backend="emulate").path
+
+
+def test_a_worker_leaves_the_l2_state_as_it_found_it_after_many_tables_and_variants(tmp_path):
+    """l2w on 4 tables, then l2p, combined, warp and l2w again, in one worker: the persisting
+    limit and the stream's window are back to what they were before it started (the
+    device had a state of its own), and l2w's windows travelled with its launches."""
+    exp, out = _four_tables(tmp_path, ("l2w", "l2p", "combined", "warp"))
+    lib = _emulated_device()
+    before = _user_l2_state(lib)
+    launches = lib.emu_state().windowed_launches
+    points = ["l2w:medium", "l2p:medium", "combined:medium", "warp:medium", "l2w:high"]
+    assert main(["bench", str(out), *[a for p in points for a in ("--point", p)], "--backend", "emulate"]) == 0
+    assert _l2_state(lib) == before
+    run = load_run(out)
+    assert len(run.points("bench")) == 5 and (run.bench["status"] == "ok").all()
+    l2w = next(p for p in run.points("bench") if p["variant"] == "l2w")
+    assert l2w["l2_set_aside"]["granted_bytes"] > 0 and l2w["l2_set_aside"]["previous_bytes"] == 4096
+    assert l2w["window"]["window_bytes"] > 0 and 0 < l2w["window"]["hit_ratio"] <= 1
+    s = lib.emu_state()
+    assert s.windowed_launches > launches and s.launch_window_bytes > 0   # the window went with the launch
+
+
+def test_the_profile_target_leaves_the_l2_state_as_it_found_it(tmp_path, capsys):
+    exp, out = _four_tables(tmp_path, ("l2w",))
+    lib = _emulated_device()
+    before = _user_l2_state(lib)
+    code = main(["profile", str(out), "--variant", "l2w", "--dataset", "medium", "--dataset", "high",
+                 "--backend", "emulate"])
+    printed = capsys.readouterr().out
+    assert code == 0 and _l2_state(lib) == before
+    assert "NVTX push chz/l2w/medium/0" in printed and "NVTX push chz/l2w/high/0" in printed
+
+
+def test_hot_rows_come_from_the_warm_up_batches_only(tmp_path):
+    from characterize.measure.worker import Session
+
+    exp = load_experiment(str(write_experiment(tmp_path, datasets=("medium",), variants=("l2p",), max_reps=3)))
+    session = Session.open(exp, "emulate")
+    batches = session.dataset("medium")
+    assert session.warmup == 1 and len(batches) == 2
+    kernels, _ = session.bind("l2p", batches)
+    for t, k in enumerate(kernels):
+        warm = set(batches[0][t][0].tolist())
+        assert set(k.hot_rows.tolist()) <= warm   # never a row only a timed batch reads
+    import dataclasses
+
+    from characterize.errors import ConfigError
+
+    zero = dataclasses.replace(exp, bench=dataclasses.replace(exp.bench, warmup=0))
+    with pytest.raises(ConfigError, match="warm-up"):
+        Session.open(zero, "emulate").bind("l2p", batches)
+
+
+def test_uvm_runs_in_either_mode_and_the_point_says_which(tmp_path):
+    """The uvm variant's mode is a parameter (zero-copy by default, migrate=1): both run on
+    the emulator (which has no managed memory: the table itself) and the point records it."""
+    import torch
+
+    from characterize.errors import ConfigError
+    from characterize.kernels.library import run_variant
+    from characterize.kernels.registry import get_variant, uvm_mode
+
+    g = torch.Generator().manual_seed(11)
+    w, idx = torch.rand(1009, 68, generator=g), torch.randint(0, 1009, (300,), generator=g)
+    off = torch.tensor([0, 7, 7, 150])
+    for migrate in (0, 1):
+        out = run_variant("uvm", w, idx, off, params={"migrate": migrate}, backend="emulate")
+        assert torch.allclose(out.output, torch.nn.functional.embedding_bag(idx, w, off, mode="sum"), atol=1e-5)
+    assert uvm_mode(get_variant("uvm").resolve_params(None)) == "zero-copy" and uvm_mode({"migrate": 1}) == "migrate"
+    with pytest.raises(ConfigError, match="migrate"):
+        get_variant("uvm").resolve_params({"migrate": 2})
+    _, out_dir = _run(tmp_path, variants=("uvm",))
+    assert main(["bench", str(out_dir), "--point", "uvm:medium", "--backend", "emulate"]) == 0
+    point = load_run(out_dir).points("bench")[0]
+    assert point["status"] == "ok" and point["uvm"]["mode"] == "zero-copy" and point["params"] == {"migrate": 0}
