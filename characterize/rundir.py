@@ -205,8 +205,10 @@ _BENCH = _cols(
     "dataset | | hotness preset or trace file",
     "status | | ok, or failed with the point's error",
     "mode | | steady or cold",
-    "per_table_us | us | mean time of one table launch",
+    "per_table_us | us | mean time of one table launch (a batched variant, tbe: its batch's one launch / T)",
     "ci95_us | us | 95% confidence half-width of the batch time (Student t)",
+    "launches_per_batch | count | a batched variant's kernel launches per batch (one per dtype group); "
+    "absent for per-table variants",
 )
 
 ARTIFACTS: dict[str, Artifact] = {a.key: a for a in (

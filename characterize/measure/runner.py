@@ -155,6 +155,12 @@ def _launches_per_table(variant: str) -> int:
     return 2 if get_variant(variant).l2 == "prefetch" else 1
 
 
+def _launches(variant: str, tables: int) -> int:
+    """Kernel launches the worker makes for `tables` tables of one batch: a batched variant's
+    one launch covers them all (one per dtype group; an experiment's tables share a dtype)."""
+    return 1 if get_variant(variant).batched else tables * _launches_per_table(variant)
+
+
 def _collect_cache(argv: list[str], run: RunDir, key: str, settings: ProfileSettings) -> dict[str, object]:
     """The point's cache counters under application replay (measure.ncu.cache_argv). A
     failure keeps the main report: its kernel-replay values stand, recorded as such."""
@@ -195,12 +201,12 @@ def profile_points(run: RunDir, exp: ExperimentConfig, points: list[tuple[str, s
                     raise
                 # NVTX scoping matched nothing: scope by launch order instead, once
                 # the worker's correctness check is its first warm-up batch (one extra batch without warm-up)
-                skip = max(exp.profile.warmup_batches, 1) * exp.workload.T * _launches_per_table(v)
+                skip = max(exp.profile.warmup_batches, 1) * _launches(v, exp.workload.T)
                 opts = ncu_options(exp, sm, fallback=True)
                 argv = build_argv(settings.ncu, opts, export, target)
                 i_k = argv.index("-k")
                 argv[i_k:i_k] = ["--launch-skip", str(skip),
-                                 "--launch-count", str(exp.profile.tables * _launches_per_table(v))]
+                                 "--launch-count", str(_launches(v, exp.profile.tables))]
                 scoping = "launch-skip"
                 run_ncu(argv, run.path / "ncu" / f"{key}.log", timeout=settings.timeout_s)
             kernels = read_report(export, run=run.path.name)

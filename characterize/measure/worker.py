@@ -33,7 +33,18 @@ from characterize.errors import CharacterizeError, CheckMismatch, KernelLaunchEr
 from characterize.hardware.devices import require_gpu, sample_clocks, throttle_verdict
 from characterize.hardware.specs import REFERENCE_ARCH, gpu_spec
 from characterize.kernels.check import tolerance
-from characterize.kernels.library import QuantizedTable, TableKernel, as_dtype, bind, check_indices, dequantize
+from characterize.kernels.library import (
+    BagOutputs,
+    QuantizedTable,
+    TableBatch,
+    TableKernel,
+    as_dtype,
+    bind,
+    bind_tables,
+    check_indices,
+    dequantize,
+)
+from characterize.kernels.registry import get_variant
 from characterize.measure.lifeline import EXIT_ORPHANED, die_with_parent, watch_pipe
 from characterize.measure.timing import L2Flusher, preallocate, time_point
 from characterize.memory import check_memory
@@ -199,6 +210,8 @@ def l2_set_aside(kernels: list[TableKernel], enabled: bool) -> Iterator[dict[str
 
 def bench_point(session: Session, variant: str, dataset: str,
                 batches: list[list[tuple[torch.Tensor, torch.Tensor]]]) -> dict[str, Any]:
+    if get_variant(variant).batched:  # one launch per batch (tbe): see "Batched variants" below
+        return bench_batched_point(session, variant, dataset, batches)
     kernels, mapped = session.bind(variant, batches)
     try:
         check = check_point(kernels, mapped, variant)
@@ -305,6 +318,9 @@ def run_profile_target(run_dir: Path, variant: str, dataset: str, backend: str) 
     prof = exp.profile
     session = Session.open(exp, backend, batches=prof.warmup_batches + 1)
     batches = session.dataset(dataset)
+    if get_variant(variant).batched:  # one launch per batch (tbe): see "Batched variants" below
+        print(profile_batched_target(session, variant, dataset, batches), flush=True)
+        return 0
     kernels, mapped = session.bind(variant, batches)
     try:
         # the check is the first warm-up batch (same launches), so launch order is unchanged
@@ -335,6 +351,146 @@ def run_profile_target(run_dir: Path, variant: str, dataset: str, backend: str) 
     print(f"profiled {variant} {dataset}: {min(prof.tables, len(kernels))} table launch(es) after "
           f"{prof.warmup_batches} warm-up batch(es)", flush=True)
     return 0
+
+
+# ------------------------------------------------------------------ batched variants
+# A variant whose one launch covers every table of a batch (tbe). A per-table variant is timed
+# as T launches per batch, each between its own events; a batched variant's batch is one launch
+# (one per dtype group), so it is timed as one launch per batch (CUDA events around the batch,
+# behind the same delay kernel, through measure.timing.time_point unchanged) and its per-table
+# figures are the batch's / T. The rest follows the per-table path: checked against torch on
+# the point's first batch before anything is timed, the same warm-up, modes, clocks and record.
+Batches = list[list[tuple[torch.Tensor, torch.Tensor]]]
+
+
+class BatchLauncher:
+    """A whole batch as one `time_point` unit: `launch(b, ...)` runs prepared batch b of
+    every table (outputs allocated once, before timing); nothing runs before it."""
+
+    hot_rows = None
+    library = None   # time_point then leaves the outputs to this launcher
+
+    def __init__(self, tb: TableBatch, mapped: list[list[tuple[torch.Tensor, torch.Tensor]]]):
+        self.tb, self.mapped = tb, mapped
+        self.weight = tb.weights[0]      # time_point takes its device from here
+        # one buffer per table for the largest batch; each batch writes a prefix of it
+        largest = [(max(int(row[t][0].numel()) for row in mapped), max(int(row[t][1].numel()) for row in mapped))
+                   for t in range(tb.T)]
+        dev = self.weight.device
+        full = [BagOutputs(torch.empty(B, D, dtype=torch.float32, device=dev), torch.empty(N, dtype=torch.int64, device=dev),
+                           torch.empty(B, dtype=torch.int64, device=dev)) for (N, B), D in zip(largest, tb.dims)]
+        self.outputs = [[BagOutputs(f.output[:off.numel()], f.offset2bag[:idx.numel()], f.bag_size[:off.numel()])
+                         for f, (idx, off) in zip(full, row)] for row in mapped]
+
+    def prepass(self) -> None:
+        """No pre-pass: the launch changes no device state."""
+
+    def launch(self, b: int, _offsets: Any = None, out: Any = None) -> list[BagOutputs]:
+        return self.tb.launch(self.mapped[b], self.outputs[b])
+
+
+def bind_batch(session: Session, variant: str, batches: Batches) -> tuple[TableBatch, Batches]:
+    """The variant bound to every table of the session, and every batch mapped once (indices
+    and offsets in the launch's index type)."""
+    tb = bind_tables(variant, session.tables, params=session.exp.params_for(variant), mode=session.workload.mode,
+                     backend=session.backend, gpu=session.gpu)
+    return tb, [tb.map_batch(row) for row in batches]
+
+
+def check_batch(tb: TableBatch, mapped: Batches, variant: str) -> dict[str, Any]:
+    """Check before timing, as worker.check_point does per table: the first batch, every table,
+    in one launch per dtype group, compared with torch in float64 over the rows it reads.
+    Returns {passed, max_abs_err, tolerance, table}: the worst table's numbers."""
+    outs = tb.launch(mapped[0])
+    if mapped[0] and mapped[0][0][0].is_cuda:
+        torch.cuda.synchronize(mapped[0][0][0].device)
+    worst: dict[str, Any] = {"passed": True, "max_abs_err": 0.0, "tolerance": float("inf"), "table": -1}
+    worst_ratio = -1.0
+    for t, ((idx, off), out) in enumerate(zip(mapped[0], outs)):
+        idx, off = idx.long(), off.long()
+        rows, inverse = torch.unique(idx, return_inverse=True)
+        w = tb.weights[t][rows]
+        wide = (dequantize(QuantizedTable(w, tb.dims[t], tb.dtypes[t])) if tb.dtypes[t].startswith("int8")
+                else w.float()).double()
+        ref = torch.nn.functional.embedding_bag(inverse, wide, off, mode=tb.mode)
+        B = int(off.numel())
+        err = float((out.output[:B].double() - ref).abs().max()) if B and idx.numel() else 0.0
+        lengths = torch.diff(torch.cat([off, torch.tensor([idx.numel()], device=off.device)]))
+        tol = tolerance(tb.dtypes[t], variant, int(lengths.max()) if B else 1,
+                        float(wide.abs().max()) if wide.numel() else 0.0)
+        if err / tol > worst_ratio:
+            worst_ratio = err / tol
+            worst = {"passed": err <= tol, "max_abs_err": err, "tolerance": tol, "table": t}
+        if err > tol:
+            break
+    return worst
+
+
+def _mismatch(variant: str, dataset: str, check: dict[str, Any], what: str) -> CheckMismatch:
+    err = CheckMismatch(f"{variant} does not match torch on {dataset} (table {check['table']}, batch 0): "
+                        f"max |error| {check['max_abs_err']:.3g} > tolerance {check['tolerance']:.3g}; not {what}")
+    err.check = check  # type: ignore[attr-defined]
+    return err
+
+
+def bench_batched_point(session: Session, variant: str, dataset: str, batches: Batches) -> dict[str, Any]:
+    """worker.bench_point for a batched variant: the same record, its batch one launch."""
+    tb, mapped = bind_batch(session, variant, batches)
+    check = check_batch(tb, mapped, variant)
+    if not check["passed"]:
+        raise _mismatch(variant, dataset, check, "timed")
+    library = next(iter(tb.libraries.values()))
+    flusher = L2Flusher(session.device, session.gpu.l2_bytes, library) if "cold" in session.exp.bench.modes else None
+    eff_bytes = bytes_per_table(batches, session.workload.row_bytes)
+    launcher = BatchLauncher(tb, mapped)
+    units = [[(b, None)] for b in range(len(mapped))]   # time_point's batch b: one launcher, one unit
+    clocks = {"before": sample_clocks(session.device_index)}
+    timed = [(mode, time_point([launcher], units, mode, session.exp.bench, flusher, outputs=[None],
+                               max_sm_clock_MHz=session.gpu.boost_clock_MHz))
+             for mode in session.exp.bench.modes]
+    clocks["after"] = sample_clocks(session.device_index)
+    T = tb.T
+    summary, reps, per_table = [], [], {}
+    for mode, res in timed:
+        k, tm = res["kernel"], res["timing"]
+        per_table_us = k.mean / T
+        summary.append({
+            "mode": mode, "per_batch_us": k.mean, "per_table_us": per_table_us, "ci95_us": k.ci95 / T,
+            "rel_ci": k.rel_ci, "rel_std": k.rel_std, "stable": k.stable, "reps": k.n,
+            "median_per_table_us": k.median / T, "min_per_table_us": k.min / T, "prepass_per_table_us": 0.0,
+            "per_table_incl_prepass_us": per_table_us, "ci95_incl_prepass_us": k.ci95 / T,
+            "bytes_per_table": eff_bytes, "effective_GBps": eff_bytes / per_table_us / 1e3,
+            "hbm_pct": 100 * eff_bytes / per_table_us / 1e3 / session.gpu.hbm_GBps,
+            "timing_method": tm["method"], "gap_free": tm["gap_free"], "host_bound_reps": tm["host_bound_reps"],
+            "host_launch_us": tm["host_enqueue_per_launch_us"], "launch_gap_us": tm["launch_gap_per_launch_us"],
+            "flush_bytes": tm["flush_bytes"], "seconds": res["seconds"], "launches_per_batch": tb.launches})
+        reps += res["repetitions"]
+        per_table[mode] = [k.mean / T] * T   # one launch: no per-table split exists
+    return {"status": "ok", "backend": session.backend, "gpu": session.gpu.name, "params": tb.params,
+            "hot_rows": 0, "window": {}, "check": check, "clock_control": BENCH_CLOCK_CONTROL, "clocks": clocks,
+            "throttle": throttle_verdict(clocks), "l2_set_aside": {}, "identity": session.identity,
+            "summary": summary, "repetitions": reps, "per_table_mean_us": per_table,
+            "launch": tb.last_launch()}
+
+
+def profile_batched_target(session: Session, variant: str, dataset: str, batches: Batches) -> str:
+    """worker.run_profile_target for a batched variant: the check is the first warm-up batch,
+    the other warm-up batches follow, then the batch's one launch (per dtype group) inside the
+    profiled range, named as table 0 (it covers every table). Returns the line to print."""
+    prof = session.exp.profile
+    tb, mapped = bind_batch(session, variant, batches)
+    check = check_batch(tb, mapped, variant)
+    if not check["passed"]:
+        raise _mismatch(variant, dataset, check, "profiled")
+    for b in range(1, prof.warmup_batches):
+        tb.launch(mapped[b])
+    with nvtx_range(PROFILE_RANGE):
+        with nvtx_range(nvtx_name(variant, dataset, 0)):
+            tb.launch(mapped[prof.warmup_batches])
+    if session.device.type == "cuda":
+        torch.cuda.synchronize()
+    return (f"profiled {variant} {dataset}: {tb.launches} launch(es) covering all {tb.T} tables after "
+            f"{prof.warmup_batches} warm-up batch(es)")
 
 
 #: seconds an orphaned worker gets to stop cleanly (finish writing a point file) before it is ended hard

@@ -154,3 +154,32 @@ def test_on_a_gpu_the_set_aside_is_granted_within_the_device_maximum_and_restore
     with l2_set_aside(kernels, True) as granted:
         assert 0 < granted["granted_bytes"] <= min(granted["requested_bytes"], limit)
     assert kernels[0].library.l2_set_aside(0)[1] == granted["previous_bytes"]
+
+
+def test_a_batched_variant_is_timed_one_launch_per_batch_and_reported_per_table(tmp_path, capsys):
+    """tbe's batch is one launch: a repetition is that launch, per-table figures are the batch's / T;
+    its profile target launches the whole batch once inside the profiled range."""
+    exp, out = _run(tmp_path, variants=("tbe",))
+    assert main(["bench", str(out), "--point", "tbe:medium", "--backend", "emulate"]) == 0
+    point = load_run(out).points("bench")[0]
+    assert point["status"] == "ok" and point["check"]["passed"], point.get("error")
+    assert point["launch"]["fp32"]["path"] == "long" and point["params"]["index_bits"] == 32
+    for row in point["summary"]:
+        assert row["launches_per_batch"] == 1
+        assert row["per_table_us"] == pytest.approx(row["per_batch_us"] / exp.workload.T)
+        assert row["per_table_incl_prepass_us"] == row["per_table_us"] and row["prepass_per_table_us"] == 0
+    assert {r["rep"] for r in point["repetitions"] if r["mode"] == "steady"} >= {0, 1, 2}
+    prof = open_experiment_run(exp, tmp_path / "prof", "profile", False, None, backend="emulate")
+    assert main(["profile", str(prof.path), "--variant", "tbe", "--dataset", "medium", "--backend", "emulate"]) == 0
+    said = capsys.readouterr().out
+    assert said.count("NVTX push chz/tbe/medium/0") == 1 and "1 launch(es) covering all 2 tables" in said
+
+
+def test_the_ncu_kernel_filter_matches_the_batched_kernel():
+    import re
+
+    from characterize.kernels.registry import get_variant
+    from characterize.measure.runner import KERNEL_FILTER, _launches
+
+    assert re.search(KERNEL_FILTER, get_variant("tbe").kernel_name({}, 128))
+    assert _launches("tbe", 12) == 1 and _launches("l2p", 12) == 24 and _launches("base", 3) == 3
