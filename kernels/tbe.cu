@@ -104,7 +104,7 @@ struct chz_tbe_table {
   int32_t dtype;            // chz_dtype: must be this library's
   // filled by the launcher
   int32_t group;            // G: lanes per run
-  int32_t bags_per_run;     // K: consecutive bags one group gathers as one stream
+  int32_t bags_per_run;     // K: consecutive bags one group gathers as one stream (short path: <= G - 1)
   int32_t first_task;       // index of the table's first warp task in the launch
   int32_t tasks;            // warp tasks: ceil(ceil(B / K) / (32 / G))
 };
@@ -365,8 +365,8 @@ __device__ __forceinline__ void chz_tbe_step_loads(chz_vec (&v)[U][V], unsigned 
 
 // Long bags: each group gathers one bag (K = 1) per warp task, tile after tile, and writes
 // it after its last tile. Every lane loads its bag's offsets itself (the group's lanes read
-// the same two words). The next bag's offsets load when a bag starts, its first tile with
-// the bag's last tile.
+// the same two words). The offsets of the bag after next load when a bag starts (so the next
+// bag's are there before its first tile is named), its first tile with the bag's last tile.
 template <int V, typename Idx, typename Row>
 __device__ __forceinline__ void chz_tbe_long(const volatile chz_tbe_table& d, int mode, int32_t task, int32_t last) {
   constexpr int U = 8 / V;  // rows per step per group: U*V vector loads per lane in flight
@@ -392,15 +392,22 @@ __device__ __forceinline__ void chz_tbe_long(const volatile chz_tbe_table& d, in
     CHZ_KERNEL_ASSERT(!mine || (s_raw >= 0 && s <= e && e <= N));  // offsets non-decreasing, within the indices
   };
 
-  Idx raw_s, raw_e;
-  int32_t s, e;
-  load_bounds(task, raw_s, raw_e);
-  finish_bounds(task, raw_s, raw_e, s, e);
+  Idx far_s, far_e;  // offsets of the bag after next, as loaded
+  int32_t s, e;      // this bag
+  {
+    Idx s0, e0;
+    load_bounds(task, s0, e0);
+    load_bounds(task + 1, far_s, far_e);
+    finish_bounds(task, s0, e0, s, e);
+  }
   Idx mine = c.load_tile(true, s);
   for (; task < last; ++task) {
     const int32_t bag = bag_of(task);
-    load_bounds(task + 1, raw_s, raw_e);  // the next bag's offsets, waited on when it starts
-    int32_t next_s = 0;                   // known only once they arrive: at this bag's last tile
+    // the next bag's offsets arrive now (loaded a bag ago), so every tile can name the next
+    // bag's first without waiting; the one after next starts loading
+    int32_t next_s, next_e;
+    finish_bounds(task + 1, far_s, far_e, next_s, next_e);
+    load_bounds(task + 2, far_s, far_e);
     const bool has_next = task + 1 < last && bag_of(task + 1) < c.B();
     float acc[V][kVecElems];
 #pragma unroll
@@ -409,12 +416,12 @@ __device__ __forceinline__ void chz_tbe_long(const volatile chz_tbe_table& d, in
       for (int q = 0; q < kVecElems; ++q) acc[k][q] = 0.f;
     float bias = 0.f;  // int8: the biases of the bag's rows
     int count = 0;     // non-padding rows of the bag
+    int32_t tile = s;
 #pragma unroll 1
-    for (int32_t tile = s; tile < e; tile += G) {
+    do {  // once for an empty bag too: its one pass loads the next bag's first tile
       // this tile's indices are `mine` (loaded a tile ago); the next tile's, or the next
       // bag's first, start loading now and are waited on when that tile starts
       const bool more = tile + G < e;
-      if (!more) next_s = bag_of(task + 1) > 0 ? (int32_t)raw_s : 0;
       const Idx next = c.load_tile(more || has_next, more ? tile + G : next_s);
       const int n = chz_min(G, e - tile);
       bool real;
@@ -444,25 +451,24 @@ __device__ __forceinline__ void chz_tbe_long(const volatile chz_tbe_table& d, in
         bias += b;
       }
       mine = next;
-    }
+      tile += G;
+    } while (tile < e);
     if (bag < c.B()) {
       if (s == e) c.template write_empty<V>(bag);
       else c.template write_bag<V>(bag, acc, bias, count, mode);
     }
-    int32_t ns, ne;
-    finish_bounds(task + 1, raw_s, raw_e, ns, ne);
-    if (s == e) mine = c.load_tile(has_next, ns);  // no last tile loaded it
-    s = ns;
-    e = ne;
+    s = next_s;
+    e = next_e;
   }
 }
 
-// Short bags: each group gathers a run of K consecutive bags as one stream of indices
-// (lane l < K holds bag l's bounds); per tile each lane finds the bag of its own position
-// (log2 K shuffle rounds over the lanes' bag starts) and whether it is that bag's last
-// row, a ballot makes the tile's `ends` mask, and in the steps a row ending a bag writes
-// it out. A run is often one tile, so offsets load two runs ahead: the bounds of the next
-// run are there when this run's last (often first) tile loads the next run's first tile.
+// Short bags: each group gathers a run of K consecutive bags as one stream of indices.
+// Lane l <= K holds the run's l-th edge: where bag l starts and bag l-1 ends (K <= G - 1, so
+// lane K holds the run's end; one offset per lane and run). Per tile each lane finds the bag
+// of its own position (log2 K shuffle rounds over the edges) and whether it is that bag's last
+// row, a ballot makes the tile's `ends` mask, and in the steps a row ending a bag writes it
+// out. A run is often one tile, so the edges load two runs ahead: the next run's are there
+// when this run's last (often first) tile loads the next run's first tile.
 template <int V, typename Idx, typename Row>
 __device__ __forceinline__ void chz_tbe_short(const volatile chz_tbe_table& d, int mode, int32_t task, int32_t last) {
   constexpr int U = 8 / V;
@@ -477,47 +483,44 @@ __device__ __forceinline__ void chz_tbe_short(const volatile chz_tbe_table& d, i
   while ((1 << kbits) < K) ++kbits;
   const int32_t runs_per_task = 32 / G;
   auto run_first = [&](int32_t tk) -> int32_t { return ((tk - c.first_task()) * runs_per_task + g_base / G) * K; };
-  auto load_bounds = [&](int32_t tk, Idx& s, Idx& e) {
-    const int32_t b = run_first(tk) + g_lane, B = c.B();
-    const bool mine = tk < last && g_lane < K && b < B;
-    s = *(mine && b > 0 ? c.off() + b : c.zero_idx());
-    e = *(mine && b + 1 < B ? c.off() + b + 1 : c.zero_idx());
+  // this lane's edge of the run of task tk, as stored (the zero word for bag 0, past B, lanes > K)
+  auto load_edge = [&](int32_t tk) -> Idx {
+    const int32_t b = run_first(tk) + g_lane;
+    return *(tk < last && g_lane <= K && b > 0 && b < c.B() ? c.off() + b : c.zero_idx());
   };
-  auto finish_bounds = [&](int32_t tk, Idx s_raw, Idx e_raw, int32_t& s, int32_t& e) {
-    const int32_t b = run_first(tk) + g_lane, B = c.B(), N = c.N();
-    const bool mine = tk < last && g_lane < K && b < B;
-    s = mine ? (int32_t)s_raw : 0;
-    e = mine ? (b + 1 < B ? (int32_t)e_raw : N) : 0;
-    CHZ_KERNEL_ASSERT(!mine || (s_raw >= 0 && s <= e && e <= N));
+  // the edge once loaded: N past the table's last bag
+  auto finish_edge = [&](int32_t tk, Idx raw) -> int32_t {
+    const int32_t b = run_first(tk) + g_lane, N = c.N();
+    const bool mine = tk < last && g_lane <= K;
+    CHZ_KERNEL_ASSERT(!mine || (raw >= 0 && raw <= N));  // offsets within the indices
+    return !mine ? 0 : b < c.B() ? (int32_t)raw : N;
   };
 
-  Idx far_s, far_e;  // bounds of the run after next, as loaded
-  int32_t s, e;      // this lane's bag of the current run
-  {
-    Idx s0, e0;
-    load_bounds(task, s0, e0);
-    load_bounds(task + 1, far_s, far_e);
-    finish_bounds(task, s0, e0, s, e);
-  }
+  Idx far = load_edge(task + 1);  // the edge of the run after next, as loaded
+  int32_t s = finish_edge(task, load_edge(task));  // this lane's edge of the current run
   int32_t run_s = __shfl_sync(gmask, s, 0, G);
   Idx mine = c.load_tile(true, run_s);
 
   for (; task < last; ++task) {
     const int32_t b0 = run_first(task);
     const int nb = chz_min(K, c.B() - b0);  // bags of this group's run (<= 0: none)
-    int32_t next_s, next_e;             // the next run's bounds arrive now (loaded a run ago)
-    finish_bounds(task + 1, far_s, far_e, next_s, next_e);
+    const int32_t next_s = finish_edge(task + 1, far);  // the next run's edges arrive now (loaded a run ago)
     const bool has_next = task + 1 < last && run_first(task + 1) < c.B();
-    load_bounds(task + 2, far_s, far_e);  // the one after next starts loading
+    far = load_edge(task + 2);  // the one after next starts loading
     const int32_t next_run_s = __shfl_sync(gmask, next_s, 0, G);
-    const int32_t run_e = __shfl_sync(gmask, e, nb > 0 ? nb - 1 : 0, G);
-    unsigned empty = (__ballot_sync(gmask, g_lane < nb && s == e) >> g_base) & gbits;
-    while (empty) {  // empty bags: zeros now; the others are written at their last row
-      c.template write_empty<V>(b0 + __ffs(empty) - 1);
-      empty &= empty - 1;
-    }
+    const int32_t run_e = __shfl_sync(gmask, s, nb > 0 ? nb : 0, G);
     // bags of the run with rows, in order: `cur` is being summed (run-local index)
-    unsigned open = (__ballot_sync(gmask, g_lane < nb && e > s) >> g_base) & gbits;
+    unsigned open;
+    {
+      const int32_t e = __shfl_down_sync(gmask, s, 1, G);  // where this lane's bag ends
+      CHZ_KERNEL_ASSERT(!(g_lane < nb) || s <= e);       // offsets non-decreasing
+      unsigned empty = (__ballot_sync(gmask, g_lane < nb && s == e) >> g_base) & gbits;
+      while (empty) {  // empty bags: zeros now; the others are written at their last row
+        c.template write_empty<V>(b0 + __ffs(empty) - 1);
+        empty &= empty - 1;
+      }
+      open = (__ballot_sync(gmask, g_lane < nb && e > s) >> g_base) & gbits;
+    }
     int cur = __ffs(open) - 1;
     float acc[V][kVecElems];
 #pragma unroll
@@ -527,8 +530,9 @@ __device__ __forceinline__ void chz_tbe_short(const volatile chz_tbe_table& d, i
     float bias = 0.f;
     int count = 0;
 
+    int32_t tile = run_s;
 #pragma unroll 1
-    for (int32_t tile = run_s; tile < run_e; tile += G) {
+    do {  // once for a run without indices too: its one pass loads the next run's first tile
       const bool more = tile + G < run_e;
       const Idx next = c.load_tile(more || has_next, more ? tile + G : next_run_s);
       const int n = chz_min(G, run_e - tile);
@@ -542,7 +546,7 @@ __device__ __forceinline__ void chz_tbe_short(const volatile chz_tbe_table& d, i
         const int32_t ps = __shfl_sync(gmask, s, chz_min(probe, G - 1), G);
         if (probe < nb && ps <= pos) lo = probe;
       }
-      const int32_t my_end = __shfl_sync(gmask, e, lo, G);
+      const int32_t my_end = __shfl_sync(gmask, s, lo + 1, G);
       const unsigned ends = (__ballot_sync(gmask, g_lane < n && pos + 1 == my_end) >> g_base) & gbits;
       c.write_offset2bag(g_lane < n, pos, b0 + lo);
       chz_qword my_q{};
@@ -578,10 +582,9 @@ __device__ __forceinline__ void chz_tbe_short(const volatile chz_tbe_table& d, i
         if constexpr (kQparamBytes > 0) qs = chz_shfl_down_word(gmask, qs, U, G);
       }
       mine = next;
-    }
-    if (nb <= 0 || run_s >= run_e) mine = c.load_tile(has_next, next_run_s);  // no last tile loaded it
+      tile += G;
+    } while (tile < run_e);
     s = next_s;
-    e = next_e;
     run_s = next_run_s;
   }
 }
@@ -751,9 +754,10 @@ CHZ_EXPORT int chz_tbe_forward(chz_tbe_args* a, const chz_launch* l, void* strea
   for (int i = 0; i < a->num_tables; ++i) {
     chz_tbe_table& t = a->tables[i];
     t.group = chz_tbe_group(t.dim, V);
-    int k = 1;
+    int k = 1;  // the short path's lane K holds its run's end: K <= G - 1
     if (short_path) k = a->bags_per_run > 0 ? a->bags_per_run : chz_tbe_bags_per_run(t.num_indices, t.num_bags, t.group);
-    t.bags_per_run = k < t.group ? k : t.group;
+    const int kmax = short_path && t.group > 1 ? t.group - 1 : 1;
+    t.bags_per_run = k < kmax ? k : kmax;
     const int64_t runs = (t.num_bags + t.bags_per_run - 1) / t.bags_per_run;
     const int64_t per_warp = 32 / t.group;
     t.first_task = (int32_t)tasks;
