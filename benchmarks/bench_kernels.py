@@ -3,10 +3,13 @@ D=128, B=2048, L=150) and an L=1 configuration (T=10 x 1.7M rows, B=104,857, L=1
 their SASS for sm_80, sm_90 and sm_100 (no GPU needed; builds cached).
 
 Prints, in one run:
-  1. rows in flight per warp per variant, dtype and architecture, as `characterize sass` reads
-     them (the hot loop), and for tbe also over its tile loop with the index load counted (a
-     tile of a single step: the worst case; sass.py does not score loop nests yet, so this is
-     its in-order replay applied to the tile loop here), with registers and blocks per SM;
+  1. rows in flight per warp per variant, dtype and architecture: as `characterize sass` reads
+     them (row loads in the hot loop alone), and for warp and tbe the rows a warp really gathers
+     per memory latency over the whole loop nest of one bag at each configuration
+     (static.loop_nest: the bag loop with its tile loop and steps repeated as the bag takes them,
+     replayed in order, so index and offset loads that start a tile or a bag are waited on unless
+     issued ahead; zero-row loads of a short bag's empty slots are not rows), with the bytes
+     those rows are, and registers and blocks per SM;
   2. napkin math per configuration and GPU: the bytes one batch gathers (every lookup's row),
      the bytes it moves at least (rows, indices, offsets, output), and those over the GPU's
      peak HBM bandwidth (hardware.specs): the time no kernel can beat, per batch and per table,
@@ -17,43 +20,24 @@ from __future__ import annotations
 
 import time
 
-from characterize.config import INDEX_BYTES, Pooling, WorkloadConfig
+from characterize.config import INDEX_BYTES, Pooling, WorkloadConfig, dtype_spec
 from characterize.hardware.specs import gpu_spec
-from characterize.kernels import sass as S
 from characterize.kernels.build import build
-from characterize.kernels.registry import get_variant
-from characterize.kernels.static import analyze_variants, plan_variants, static_characterization
+from characterize.kernels.registry import get_variant, tbe_group, tbe_vectors_per_lane, vector_elems, warp_group
+from characterize.kernels.static import analyze_variants, loop_nest, plan_variants, static_characterization
 from characterize.units import format_bytes
 
 ARCHS = ("sm_80", "sm_90", "sm_100")
 GPUS = ("a100-80gb", "h100-sxm", "b200")   # one per architecture
 DTYPES = ("fp32", "int8")
 VARIANTS = ("base", "rpf", "warp", "tbe")
+DTYPES_BYTES = {d: dtype_spec(d).element_bytes for d in DTYPES}
 CONFIGS = {
     "paper": WorkloadConfig(T=12, E=500_000, D=128, B=2048, L=Pooling("fixed", 150.0)),
     "L=1": WorkloadConfig(T=10, E=1_700_000, D=128, B=104_857, L=Pooling("fixed", 1.0)),
 }
 #: tbe's two paths: the paper's bags take the long one, L=1 the short one (chosen per launch)
 TBE_PATHS = {"tbe": {}, "tbe short": {"tbe": {"short": 1}}}
-
-
-def tile_loop_rows_in_flight(result, kernel: str) -> float | None:
-    """Rows in flight per warp over the tile loop around a kernel's hot loop: the hot loop's
-    row loads on the tile loop's steady path (one step per tile) over the memory latencies its
-    in-order replay serializes, the next tile's index load and an int8 row's scale and bias
-    included."""
-    code = S.kernel_code(result, kernel)
-    hot = S.hot_loop(code)
-    if hot is None:
-        return None
-    around = [lp for lp in S.find_loops(code) if hot.header in lp.blocks and lp.header != hot.header]
-    if not around:
-        return None
-    tile = min(around, key=lambda lp: len(lp.blocks))
-    rows = S.classify(hot.path).row_loads
-    n = sum(1 for i in tile.path if i.address in rows)
-    lat = S.replay(tile.path).latencies_per_iteration
-    return n / lat if lat else None
 
 
 def hot_rows(row) -> float | None:
@@ -65,6 +49,25 @@ def hot_rows(row) -> float | None:
     if row.dtype.startswith("int8") and row.qparam_loads and row.latencies_per_iteration:
         return row.qparam_loads / row.latencies_per_iteration
     return None
+
+
+def nest_steps(variant: str, config: WorkloadConfig, dtype: str) -> tuple[list[int], int] | None:
+    """Steps (8 row loads per lane each) per tile of one bag (warp, tbe long) or one run of
+    bags (tbe short) at `config`'s bag length and D, what static.loop_nest replays, and the rows
+    a warp really gathers in that pass (every group of the warp gathers its own bag or run)."""
+    L = int(config.L.mean)
+    if variant == "warp":
+        G = warp_group(config.D, dtype)
+        U = 8 // -(-(config.D // vector_elems(dtype)) // G)
+        rows = L
+    elif variant.startswith("tbe"):
+        G = tbe_group(config.D, tbe_vectors_per_lane(config.D))
+        U = 8 // tbe_vectors_per_lane(config.D)
+        rows = L if variant == "tbe" else (G - 1) * L   # a run of K = G - 1 one-row bags
+    else:
+        return None
+    tiles = [min(G, rows - t) for t in range(0, rows, G)]
+    return [-(-n // U) for n in tiles], rows * (32 // G)
 
 
 def kernel_table() -> list[dict]:
@@ -79,9 +82,16 @@ def kernel_table() -> list[dict]:
             row = {"variant": label, "dtype": dtype, "kernel": loops[0].kernel}
             for loop in (lp for lp in loops if lp.role == "lookup"):
                 a = loop.arch
-                row[f"{a} rows"] = hot_rows(loop)
-                if name == "tbe":
-                    row[f"{a} nest"] = tile_loop_rows_in_flight(build(plans[a].spec), plans[a].kernel)
+                row[f"{a} hot"] = hot_rows(loop)
+                for cname, config in CONFIGS.items():
+                    if label == "tbe short" and cname == "paper" or label == "tbe" and cname == "L=1":
+                        continue    # the path a launch would not choose there
+                    shape = nest_steps(label, config, dtype)
+                    if shape is not None:
+                        nest = loop_nest(build(plans[a].spec), plans[a].kernel, shape[0])
+                        rows = shape[1] / nest.latencies    # rows really gathered, per latency
+                        row[f"{a} {cname} nest"] = round(rows, 2)
+                        row[f"{a} {cname} KB/warp"] = round(rows * config.D * DTYPES_BYTES[dtype] / 1024, 1)
                 row[f"{a} regs/blocks"] = f"{static[a].registers}/{static[a].blocks_per_sm}"
             out.append(row)
     return out
@@ -115,8 +125,9 @@ def show(rows: list[dict]) -> None:
 
 def main() -> None:
     start = time.perf_counter()
-    print(f"rows in flight per warp (hot loop; tbe also over its tile loop, 'nest'), registers/blocks per SM, "
-          f"D=128, {', '.join(ARCHS)}:")
+    print(f"in flight per warp: row loads in the hot loop alone ('hot', as `characterize sass`); rows really "
+          f"gathered per memory latency over one bag (or run of bags) of each configuration ('nest', index and "
+          f"offset loads counted) and their KB; registers/blocks per SM; D=128, {', '.join(ARCHS)}:")
     show(kernel_table())
     for name, config in CONFIGS.items():
         print(f"\n{name}: T={config.T} E={config.E:,} D={config.D} B={config.B:,} L={config.L.mean:g} -- the time no "

@@ -26,10 +26,13 @@ from characterize.kernels.sass import (
     MEMORY_LATENCY,
     LoopRow,
     analyze_kernel,
+    classify,
     find_cuobjdump,
+    find_loops,
     hot_loop,
     kernel_code,
     kernels_in,
+    replay,
 )
 
 #: spill traffic (stores + loads, bytes per thread) we still call light. On sm_80 the
@@ -196,3 +199,61 @@ def analyze_variants(variants: Iterable[str] | None = None, archs: Iterable[str]
                              "shape or the SASS parser needs a look")
         rows.append(row)
     return rows
+
+
+@dataclass(frozen=True)
+class NestReplay:
+    """One pass of the loop two levels around a kernel's hot loop (a bag or a run of bags),
+    replayed with sass.py's in-order issue: its tile loop taken once per entry of `steps`,
+    each time with that many hot-loop iterations."""
+
+    steps: tuple[int, ...]          # hot-loop iterations per tile
+    row_loads: int                  # the hot loop's gathered loads issued per pass (warp-wide instructions)
+    latencies: float                # memory latencies serialized per pass
+    cycles: float                   # issue cycles per pass
+    rows_in_flight: float           # row_loads / latencies: every index, offset and qparam load counted
+    bytes_in_flight_per_warp: float  # rows_in_flight x what one row load moves for 32 lanes
+
+
+def _segment(outer: tuple, inner: tuple) -> tuple[int, int]:
+    """Where the inner loop's steady path sits inside the outer loop's."""
+    want = [i.address for i in inner]
+    have = [i.address for i in outer]
+    for s in range(len(have) - len(want) + 1):
+        if have[s:s + len(want)] == want:
+            return s, s + len(want)
+    raise BuildError("the hot loop's path is not on its tile loop's path; the kernel changed shape")
+
+
+def loop_nest(result: BuildResult, kernel: str, steps: Iterable[int],
+              memory_latency: int = MEMORY_LATENCY) -> NestReplay:
+    """Rows in flight over a whole bag (or run) of a kernel whose hot loop sits in a tile loop
+    inside a bag loop (tbe): the bag loop's steady path with its tile loop repeated once per
+    entry of `steps` and the hot loop that many times in each, replayed as sass.replay replays
+    one loop. What the hot loop alone cannot show: the loads that start a tile (indices) or a bag
+    (offsets) are waited on here unless they were issued a tile or a bag ahead. (A stop-gap
+    until the SASS analysis scores loop nests itself.)"""
+    code = kernel_code(result, kernel)
+    hot = hot_loop(code)
+    if hot is None:
+        raise BuildError(f"no loop gathering rows in {kernel}")
+    around = sorted((lp for lp in find_loops(code) if hot.header in lp.blocks and lp.header != hot.header),
+                    key=lambda lp: len(lp.blocks))
+    if len(around) < 2:
+        raise BuildError(f"{kernel} has no tile loop and bag loop around its hot loop")
+    tile, bag = around[0], around[1]
+    s0, e0 = _segment(tile.path, hot.path)
+    s1, e1 = _segment(bag.path, tile.path)
+    steps = tuple(int(n) for n in steps)
+    path = list(bag.path[:s1])
+    for n in steps:
+        path += list(tile.path[:s0]) + list(hot.path) * n + list(tile.path[e0:])
+    path += list(bag.path[e1:])
+    rows = classify(hot.path).row_loads
+    n_rows = sum(1 for i in path if i.address in rows)
+    bits = sum(i.width_bits for i in path if i.address in rows)
+    rep = replay(path, memory_latency)
+    lat = rep.latencies_per_iteration
+    in_flight = n_rows / lat if lat else float("inf")
+    return NestReplay(steps, n_rows, round(lat, 3), round(rep.cycles_per_iteration, 1), round(in_flight, 2),
+                      round(bits / 8 * 32 / lat, 1) if lat else float("inf"))
