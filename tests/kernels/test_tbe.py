@@ -295,3 +295,21 @@ def test_static_and_sass_rows_name_the_tbe_library():
     assert loop.rows_in_flight >= 8
     (short,) = analyze_variants(["tbe"], ["sm_80"], params={"tbe": {"short": 1}})
     assert short.kernel.endswith("true>") and short.row_loads == 8 and short.local_mem_ops == 0
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_one_launch_matches_torch_and_the_static_table():
+    """The CUDA build on the device: tables of every dtype and shape in one launch per dtype
+    group against torch, both paths, and the runtime's registers and blocks per SM against ptxas's."""
+    from characterize.kernels.library import default_backend
+
+    config = WorkloadConfig.tiny()
+    tables, batch = mixed_tables(config, DTYPE_NAMES, "medium")
+    for params in ({}, {"short": 1}):
+        passed(check_tables("tbe", tables, batch, params=params, backend=default_backend()))
+    major, minor = torch.cuda.get_device_capability()
+    arch = f"sm_{major}{minor}"
+    lib = load_library(BuildSpec("cuda", arch, None, "fp32", source=TBE_SOURCE))
+    blocks, regs = lib.kernel_info("tbe1_32_32_long")
+    res = lib.build.resources("chz_tbe_kernel<1, int, unsigned int, false>")
+    assert regs == res.registers and blocks >= 3
