@@ -8,50 +8,55 @@
 // family's (CHZ_DTYPE): a batch of several dtypes is one launch per dtype group (see
 // "Mixed dtypes" below).
 //
-// Work: table t's bags are cut into runs of K_t consecutive bags (K_t = 1 for long bags;
-// several when the bags are short: K_t ~ G_t / mean L_t, chosen per launch from N_t / B_t,
-// which the offsets define), and a group of G_t lanes (G_t = the power of two covering the
-// row's vectors / V, at most 32) gathers one run; a warp's 32/G_t groups take consecutive
-// runs: one warp task. Warp tasks of all tables form one list; the grid is SMs x resident
-// blocks (cudaOccupancyMaxActiveBlocksPerMultiprocessor), never sized by B, and warp w takes
-// the w-th contiguous slice of the list, so every SM works until the batch is done.
+// Work: table t's bags are cut into runs of K_t consecutive bags, and a group of G_t lanes
+// (the power of two covering the row's vectors / V, at most 32, at least a step's 8 / V rows)
+// gathers one run; a warp's 32/G_t groups take consecutive runs: one warp task. Warp tasks of
+// all tables form one list; the grid is SMs x resident blocks
+// (cudaOccupancyMaxActiveBlocksPerMultiprocessor), never sized by B, and warp w takes the w-th
+// contiguous slice of the list, so every SM works until the batch is done. Two paths, chosen
+// per launch from the bags' mean length N / B (what the offsets define): the long path
+// (K = 1, a group per bag) and the short path (K ~ G / mean L <= G - 1 bags per run, when the
+// mean bag is at most half a step), each its own kernel instance, so each hot loop is one
+// loop in the SASS.
 //
-// A run's indices are one stream walked in tiles of G_t (one index per lane, loaded
-// coalesced), each tile in steps of U = 8/V rows: U row indices broadcast by shuffles, U*V
-// independent vector loads per lane issued back to back (8 per lane in flight), then the
-// adds; at the last row of a bag the group writes the bag's output and starts the next
-// bag. Nothing the loop waits on is loaded at the moment it is needed:
-//   - the next tile's indices are loaded when the current tile starts, and are waited on
-//     only when the next tile starts (after the current tile's rows);
-//   - the last tile of a run loads the first tile of the group's next run;
-//   - the bag offsets of the run after next are loaded when a run starts.
-// So at tile and run boundaries the warp finds its indices and offsets already there.
+// A run's indices are walked in tiles of G_t (one index per lane, loaded coalesced), each
+// tile in steps of U = 8/V rows: U row pointers broadcast by shuffles, U*V independent vector
+// loads per lane issued back to back (8 per lane in flight), then the adds; at the last row of
+// a bag the group writes the bag's output. Nothing the loops wait on is loaded when needed:
+//   - the next tile's indices load when the current tile starts and are read when the next
+//     tile starts, after the current tile's rows;
+//   - the last tile of a bag (or run) loads the first tile of the group's next one;
+//   - the offsets of the bag (or run) after next load when one starts, so the next one's are
+//     there before any tile names its first tile.
 // Loads use clamped addresses or the zero row, never a condition around the load: a guarded
 // load compiles to a load plus a move that waits on it (see embedding_bag.cu).
+// (kernels.static.loop_nest replays the whole nest from the SASS; tests hold it to >= 8 rows
+// in flight over a bag of 150 at fp32 and >= 6 at int8.)
 //
 // Indices: int32 or int64 as stored (the launch's index_bits); rows are 32-bit (one
 // shuffle, 32-bit address math) when every table has fewer than 2^31 rows, chosen at launch.
 //
 // Precision: loads keep the stored bits; decoding happens at the add, so no conversion waits
-// on a load before the next load issues. fp32 16-byte vectors (4 elements); fp16/bf16
-// 8-byte vectors (4 elements: the fp32 accumulators of 8-element vectors cost 8 more
-// registers per column); int8 8-byte vectors (8 values) with the row's scale and bias loaded
-// once per tile by the lane holding that row's index and shuffled to the group at the add.
-// int8 values are decoded two at a time: a byte permute makes two halves 1024 + q (exact),
-// one packed half subtraction leaves q0, q1 (exact), then fp32 q x scale + acc; fp16 pairs
-// convert to fp32 and every sum is fp32, so every dtype keeps fp32 accumulation (on sm_100
-// the fp32 adds themselves are packed in pairs, FADD2/FFMA2). Pooling and the output are fp32.
+// on a load before the next load issues. Every dtype loads 4 elements per vector: fp32 16
+// bytes, fp16/bf16 8, int8 4, so a lane keeps 4 fp32 accumulators per vector whatever the
+// dtype and the narrow dtypes fit 64 registers (4 blocks per SM); an int8 row's scale and
+// bias load once per tile, by the lane holding that row's index, and reach the group by
+// shuffles at the add. int8 values are decoded two at a time: a byte permute makes two
+// halves 1024 + q (exact), one packed half subtraction leaves q0, q1 (exact), then fp32
+// q x scale + acc; fp16 pairs convert to fp32 and every sum is fp32, so every dtype keeps
+// fp32 accumulation (on sm_100 the fp32 adds themselves are packed in pairs, FADD2/FFMA2).
+// Pooling and the output are fp32.
 //
 // Mixed dtypes: one kernel instance per dtype, a batch of several dtypes launched as one
 // launch per dtype group back to back. A warp-uniform switch over dtypes in one kernel
-// would allocate every table the registers of the widest decode (int8's accumulators and
-// qparams) and make one kernel's hot loop several, which the SASS reading could no longer
-// attribute; per dtype each instance keeps its own register count (`characterize build`).
+// would allocate every table the registers of the widest decode and make one kernel's hot
+// loop several, which the SASS reading could no longer attribute; per dtype each instance
+// keeps its own register count (`characterize build`: fp32 78-80, int8 61-64 at D <= 128).
 //
 // Napkin math (paper shape: T=12 tables, E=500K, D=128 fp32, B=2048, L=150): one launch
 // gathers 12 x 2048 x 150 x 512 B = 1.89 GB of rows (plus 29 MB of indices, 12.6 MB of
 // output): 0.56 ms at H100's 3.35 TB/s. L=1 shape (T=10 x 1.7M rows, B=104,857): 537 MB
-// of rows + 537 MB of output writes + 8.4 MB of indices and offsets: 0.32 ms at 3.35 TB/s.
+// of rows + 537 MB of output writes + 16.8 MB of int64 indices and offsets: 0.32 ms at 3.35 TB/s.
 #define CHZ_UNSUPPORTED_MESSAGE \
   "shape not supported by the tbe kernel (D must fill whole vectors, D <= 1024, rows aligned, < 2^31 lookups)"
 #include "chz_compat.cuh"
@@ -71,12 +76,15 @@ typedef std::conditional<kDtype == CHZ_INT8, float2, unsigned>::type chz_qword;
 
 constexpr int kTbeMaxTables = 64;   // tables per launch (the descriptors travel as kernel parameters)
 constexpr int kTbeBlock = 256;      // threads per block
-// Resident 256-thread blocks per SM the registers must allow, per dtype and vectors per lane:
-// a step keeps 8 vectors per lane in flight (32 registers of fp32 16-byte vectors, 16 of
+// Resident 256-thread blocks per SM the registers must allow, per dtype, vectors per lane and
+// path: a step keeps 8 vectors per lane in flight (32 registers of fp32 16-byte vectors, 16 of
 // fp16/bf16 8-byte ones, 8 of int8 4-byte ones) beside the accumulators (4 per vector) and
-// the bag's state, so fp32 fits 80 registers (3 blocks), the narrower dtypes 64 (4 blocks);
-// wide rows (V >= 4) need more accumulators and keep 2 blocks (<= 128) rather than spill.
-constexpr int chz_tbe_min_blocks(int V) { return V >= 4 ? 2 : (kVecBytes == 16 || V == 2) ? 3 : 4; }
+// the bag's state, so fp32 fits 80 registers (3 blocks), the narrower dtypes 64 (4 blocks),
+// except fp16/bf16 on the short path (a run's edges and bag state: 80); wide rows (V >= 4)
+// need more accumulators and keep 2 blocks (<= 128) rather than spill.
+constexpr int chz_tbe_min_blocks(int V, bool short_path) {
+  return V >= 4 ? 2 : (kVecBytes == 16 || V == 2 || (short_path && kVecBytes == 8)) ? 3 : 4;
+}
 constexpr int kMaxDim = 1024;
 constexpr int kZeroBytes = kMaxDim * 4 + 16;  // the zero row covers any row of D <= 1024 with its qparams
 
@@ -593,7 +601,7 @@ __device__ __forceinline__ void chz_tbe_short(const volatile chz_tbe_table& d, i
 // launcher splits the list: tasks_per_warp each, one more for the first extra_tasks warps).
 // Each table's descriptor is copied into the warp's shared-memory slot when the warp starts it.
 template <int V, typename Idx, typename Row, bool kShort>
-__global__ void __launch_bounds__(kTbeBlock, chz_tbe_min_blocks(V)) chz_tbe_kernel(const chz_tbe_args a) {
+__global__ void __launch_bounds__(kTbeBlock, chz_tbe_min_blocks(V, kShort)) chz_tbe_kernel(const chz_tbe_args a) {
   __shared__ chz_tbe_table slots[kTbeBlock / 32];
   const int lane = threadIdx.x & 31;
   volatile chz_tbe_table& slot = slots[threadIdx.x >> 5];
