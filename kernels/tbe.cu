@@ -244,9 +244,9 @@ template <typename Q = chz_qword>
 __device__ __forceinline__ Q chz_load_qword(const unsigned char* at) {
   if constexpr (std::is_same<Q, float2>::value) {
     const float* q = reinterpret_cast<const float*>(at);
-    return make_float2(q[0], q[1]);
+    return make_float2(__ldg(q), __ldg(q + 1));
   } else {
-    return *reinterpret_cast<const unsigned*>(at);
+    return __ldg(reinterpret_cast<const unsigned*>(at));
   }
 }
 
@@ -301,8 +301,8 @@ struct chz_tbe_ctx {
   // This lane's index of the tile at `at`, clamped into the indices (the zero word when there is none).
   __device__ __forceinline__ Idx load_tile(bool any, int32_t at) const {
     const int32_t n = N();
-    return *(any && at < n ? reinterpret_cast<const Idx*>(d.indices) + at + chz_min(g_lane, n - 1 - at)
-                           : zero_idx());
+    return __ldg(any && at < n ? reinterpret_cast<const Idx*>(d.indices) + at + chz_min(g_lane, n - 1 - at)
+                               : zero_idx());
   }
   // The row this lane's index reads (the zero row for padding and positions past the tile).
   __device__ __forceinline__ const unsigned char* row_of(Idx mine, bool live, bool& real) const {
@@ -389,8 +389,8 @@ __device__ __forceinline__ void chz_tbe_long(const volatile chz_tbe_table& d, in
   auto load_bounds = [&](int32_t tk, Idx& s, Idx& e) {
     const int32_t b = bag_of(tk), B = c.B();
     const bool mine = tk < last && b < B;
-    s = *(mine && b > 0 ? c.off() + b : c.zero_idx());
-    e = *(mine && b + 1 < B ? c.off() + b + 1 : c.zero_idx());
+    s = __ldg(mine && b > 0 ? c.off() + b : c.zero_idx());
+    e = __ldg(mine && b + 1 < B ? c.off() + b + 1 : c.zero_idx());
   };
   auto finish_bounds = [&](int32_t tk, Idx s_raw, Idx e_raw, int32_t& s, int32_t& e) {
     const int32_t b = bag_of(tk), B = c.B(), N = c.N();
@@ -494,7 +494,7 @@ __device__ __forceinline__ void chz_tbe_short(const volatile chz_tbe_table& d, i
   // this lane's edge of the run of task tk, as stored (the zero word for bag 0, past B, lanes > K)
   auto load_edge = [&](int32_t tk) -> Idx {
     const int32_t b = run_first(tk) + g_lane;
-    return *(tk < last && g_lane <= K && b > 0 && b < c.B() ? c.off() + b : c.zero_idx());
+    return __ldg(tk < last && g_lane <= K && b > 0 && b < c.B() ? c.off() + b : c.zero_idx());
   };
   // the edge once loaded: N past the table's last bag
   auto finish_edge = [&](int32_t tk, Idx raw) -> int32_t {
