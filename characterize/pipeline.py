@@ -54,6 +54,7 @@ from characterize.hardware.devices import devices, require_gpu
 from characterize.hardware.specs import gpu_spec, normalize_arch
 from characterize.kernels.build import buildable_arch, reported_builds, toolkit_record
 from characterize.kernels.check import CheckResult, check_variants
+from characterize.kernels.library import unavailable
 from characterize.kernels.registry import HOST_VARIANTS, VARIANT_ORDER, default_cache_rows, get_variant
 from characterize.kernels.static import analyze_variants, static_characterization
 from characterize.kernels.training import CUDA_BACKWARDS, kernel_for, training_facts
@@ -452,23 +453,42 @@ class StepContext:
         return None
 
 
+def measurable(exp: ExperimentConfig, backend: str, kind: str, say: Callable[[str], None],
+               run: RunDir | None = None) -> ExperimentConfig:
+    """The experiment without the variants that cannot run here (FBGEMM not installed),
+    each said in one line (and in the run's log): their predictions stand, their points
+    are not attempted."""
+    drop = {v: why for v in exp.variants if (why := unavailable(v, backend))}
+    for v, why in drop.items():
+        say(f"{kind}: {v} skipped: {why}")
+        if run is not None:
+            run.log(f"{kind} {v}: skipped: {why}")
+    return dataclasses.replace(exp, variants=tuple(v for v in exp.variants if v not in drop))
+
+
+def _measurable(ctx: StepContext, kind: str) -> ExperimentConfig:
+    return measurable(ctx.exp, ctx.backend, kind, ctx.reporter.message, ctx.run)
+
+
 def _bench(ctx: StepContext) -> None:
-    points = pending_points(ctx.run, "bench", ctx.exp)
+    exp = _measurable(ctx, "bench")
+    points = pending_points(ctx.run, "bench", exp)
     where = "CUDA events" if ctx.backend == "cuda" else "CPU emulation"
     with ctx.reporter.task(f"bench ({where}{', Slurm' if ctx.executor == 'slurm' else ''})", total=len(points),
                            unit="points") as task:
         follow_points(ctx.run, "bench", points, task, lambda: measure_stage(
-            ctx.run, "bench", ctx.exp, Placement(ctx.executor, ctx.backend), ctx.reporter.message))
+            ctx.run, "bench", exp, Placement(ctx.executor, ctx.backend), ctx.reporter.message))
 
 
 def _profile(ctx: StepContext) -> None:
     # through Slurm, --ncu names ncu on the nodes; without it, ncu must be found here too
     tool = ctx.ncu if ctx.executor == "slurm" and ctx.ncu else str(find_ncu(ctx.ncu))
-    points = pending_points(ctx.run, "profile", ctx.exp)
+    exp = _measurable(ctx, "profile")
+    points = pending_points(ctx.run, "profile", exp)
     placement = Placement(ctx.executor, ctx.backend, tool if ctx.executor == "local" or ctx.ncu else None)
     with ctx.reporter.task(f"profile ({tool})", total=len(points), unit="points") as task:
         follow_points(ctx.run, "profile", points, task, lambda: measure_stage(
-            ctx.run, "profile", ctx.exp, placement, ctx.reporter.message))
+            ctx.run, "profile", exp, placement, ctx.reporter.message))
 
 
 def _report(ctx: StepContext) -> None:

@@ -228,6 +228,8 @@ _BENCH = _cols(
     "per_launch_us | us | diagnostic: one event pair around each launch (the launch front-end included), "
     "mean over tables",
     "timed_unit | | what one event pair bracketed",
+    "launches_per_batch | count | a batched variant's kernel launches per batch (one per dtype group); "
+    "absent for per-table variants",
 )
 
 ARTIFACTS: dict[str, Artifact] = {a.key: a for a in (

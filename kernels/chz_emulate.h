@@ -27,6 +27,8 @@
 #define __host__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
+// Blocks run one after another, so a block's shared memory can be one static array per kernel.
+#define __shared__ static
 #define __restrict__ __restrict
 
 // ---------------------------------------------------------------- CUDA types
@@ -44,8 +46,12 @@ inline float4 make_float4(float x, float y, float z, float w) { return float4{x,
 struct alignas(8) float2 {
   float x, y;
 };
+inline float2 make_float2(float x, float y) { return float2{x, y}; }
 struct alignas(16) uint4 {
   unsigned x, y, z, w;
+};
+struct alignas(8) uint2 {
+  unsigned x, y;
 };
 
 // Reduced-precision element types without cuda_fp16.h: the kernels keep fp16/bf16
@@ -86,6 +92,7 @@ enum cudaError_t {
 
 enum cudaLimit { cudaLimitPersistingL2CacheSize = 0x06 };
 enum cudaDeviceAttr {
+  cudaDevAttrMultiProcessorCount = 16,
   cudaDevAttrL2CacheSize = 89,
   cudaDevAttrMaxPersistingL2CacheSize = 108,
   cudaDevAttrMaxAccessPolicyWindowSize = 109,
@@ -117,6 +124,7 @@ struct DeviceState {
   size_t max_window_bytes = 128u << 20;
   size_t persisting_limit = 0;
   int persisting_resets = 0;
+  int sm_count = 108;               // cudaDevAttrMultiProcessorCount (sizes grids of SMs x resident blocks)
   cudaAccessPolicyWindow window{};  // of the (single) emulated stream
   std::vector<uint64_t> prefetches; // addresses given to prefetch.global.L2::evict_last
   cudaAccessPolicyWindow launch_window{};  // the window the last windowed launch carried
@@ -374,6 +382,15 @@ inline unsigned __ballot_sync(unsigned mask, int predicate) {
   return bits;
 }
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline int __ffs(unsigned x) { return __builtin_ffs((int)x); }
+inline float __fdividef(float a, float b) { return a / b; }
+// Byte i of the result is byte s_i (the i-th nibble of s, low three bits) of the 8 bytes y:x.
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+  const uint64_t bytes = ((uint64_t)y << 32) | x;
+  unsigned out = 0;
+  for (int i = 0; i < 4; ++i) out |= (unsigned)((bytes >> (8 * ((s >> (4 * i)) & 7u))) & 0xffu) << (8 * i);
+  return out;
+}
 // Blocks and threads run one at a time (fibers switch only at barriers and shuffles), so a
 // plain read-modify-write is atomic; the backward's scatter-add uses it.
 inline float atomicAdd(float* address, float value) {
@@ -399,6 +416,7 @@ inline cudaError_t cudaGetDevice(int* d) {
 }
 inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {
   switch (attr) {
+    case cudaDevAttrMultiProcessorCount: *value = chz_emu::device.sm_count; return cudaSuccess;
     case cudaDevAttrL2CacheSize: *value = (int)chz_emu::device.l2_bytes; return cudaSuccess;
     case cudaDevAttrMaxPersistingL2CacheSize: *value = (int)chz_emu::device.max_persisting_bytes; return cudaSuccess;
     case cudaDevAttrMaxAccessPolicyWindowSize: *value = (int)chz_emu::device.max_window_bytes; return cudaSuccess;
@@ -481,6 +499,11 @@ extern "C" __attribute__((visibility("default"))) void chz_emu_configure(uint64_
   chz_emu::device.l2_bytes = l2_bytes;
   chz_emu::device.max_persisting_bytes = max_persisting;
   chz_emu::device.max_window_bytes = max_window;
+}
+
+// Set the emulated device's SM count (kernels that size their grid from it).
+extern "C" __attribute__((visibility("default"))) void chz_emu_set_sm_count(int sms) {
+  chz_emu::device.sm_count = sms > 0 ? sms : 1;
 }
 
 // Copy up to `capacity` logged prefetch addresses into `out`; returns how many exist.

@@ -11,6 +11,11 @@ def test_normalize_arch(text):
     assert normalize_arch(text) == "sm_80"
 
 
+@pytest.mark.parametrize("text", ["sm_100", "100", "10.0", "sm100", "compute_100"])
+def test_normalize_blackwell_arch(text):
+    assert normalize_arch(text) == "sm_100"
+
+
 def test_unknown_arch():
     with pytest.raises(ConfigError, match="sm_75"):
         normalize_arch("sm_75")
@@ -23,12 +28,14 @@ def test_gpu_lookup_by_key_alias_arch_and_driver_name():
     assert gpu_spec("sm_90").key == "h100-sxm"
     assert gpu_spec("NVIDIA A100-PCIE-40GB").key == "a100-pcie-40gb"
     assert gpu_spec("NVIDIA H100 PCIe").key == "h100-pcie" and gpu_spec("NVIDIA H100 PCIe").hbm_GBps < 2100
+    b200 = gpu_spec("NVIDIA B200")
+    assert b200.key == "b200" and gpu_spec("sm_100") is b200 and (b200.sm_count, b200.hbm_GBps) == (148, 8000)
     with pytest.raises(ConfigError, match="unknown GPU"):
         gpu_spec("voodoo2")
 
 
 def test_table_is_complete():
-    for arch in ("sm_80", "sm_86", "sm_89", "sm_90"):
+    for arch in ("sm_80", "sm_86", "sm_89", "sm_90", "sm_100"):
         assert arch in ARCHS and arch in DEFAULT_GPU
     for spec in GPUS.values():
         persisting = spec.max_persisting_l2_bytes > 0 or ARCHS[spec.arch].compute_capability < (8, 0)

@@ -86,7 +86,7 @@ def bench(experiment: str, variants: str | None, datasets: str | None, out: Path
     from characterize.analysis.compare import speedups
     from characterize.measure.executor import Placement, measure_stage
     from characterize.measure.runner import pending_points
-    from characterize.pipeline import follow_points, load_experiment
+    from characterize.pipeline import follow_points, load_experiment, measurable
     from characterize.store import load_run
 
     overrides = {}
@@ -94,6 +94,7 @@ def bench(experiment: str, variants: str | None, datasets: str | None, out: Path
         overrides["bench"] = dataclasses.replace(load_experiment(experiment).bench, modes=tuple(csv_list(modes)))
     exp, run = _prepare(experiment, out, "bench", resume, backend, variants, datasets, executor,
                         _slurm(slurm_partition, slurm_gpus_per_task, slurm_time), **overrides)
+    exp = measurable(exp, backend, "bench", echo_err, run)
     points = pending_points(run, "bench", exp)
     echo_err(f"bench {exp.name}: {len(points)} point(s) to time into {run.path} (backend {backend})")
     with TerminalReporter(indent="") as reporter, reporter.task("bench", len(points), "points") as task:
@@ -138,7 +139,7 @@ def profile(experiment: str, variants: str | None, datasets: str | None, out: Pa
     from characterize.measure.executor import Placement, measure_stage
     from characterize.measure.ncu import find_ncu
     from characterize.measure.runner import pending_points
-    from characterize.pipeline import follow_points, load_experiment
+    from characterize.pipeline import follow_points, load_experiment, measurable
 
     # through Slurm, --ncu names ncu as the nodes see it; without it, ncu must be found here too
     ncu = ncu_path if executor == "slurm" and ncu_path else str(find_ncu(ncu_path))
@@ -149,6 +150,7 @@ def profile(experiment: str, variants: str | None, datasets: str | None, out: Pa
     overrides = {"profile": dataclasses.replace(base, **changes)} if changes else {}
     exp, run = _prepare(experiment, out, "profile", resume, backend, variants, datasets, executor,
                         _slurm(slurm_partition, slurm_gpus_per_task, slurm_time), **overrides)
+    exp = measurable(exp, backend, "profile", echo_err, run)
     points = pending_points(run, "profile", exp)
     echo_err(f"profile {exp.name}: {len(points)} point(s) with {ncu} (cache-control {exp.profile.cache_control}, "
              f"clock-control {exp.profile.clock_control}, metric set {exp.profile.metric_set})")

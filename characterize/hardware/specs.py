@@ -54,6 +54,9 @@ ARCHS: dict[str, ArchSpec] = {
         ArchSpec("sm_86", (8, 6), 48, 16, 1024, 65536, 65536, 256, 255, 24, 100 * KiB, 99 * KiB, 1 * KiB, 128),
         ArchSpec("sm_89", (8, 9), 48, 24, 1024, 65536, 65536, 256, 255, 24, 100 * KiB, 99 * KiB, 1 * KiB, 128),
         ArchSpec("sm_90", (9, 0), 64, 32, 1024, 65536, 65536, 256, 255, 24, 228 * KiB, 227 * KiB, 1 * KiB, 128),
+        # compute capability 10.0 (B200): the per-SM limits of Hopper (CUDA C++ Programming Guide, table
+        # "Technical Specifications per Compute Capability", 10.0 column; nvcc 13 compiles for sm_100)
+        ArchSpec("sm_100", (10, 0), 64, 32, 1024, 65536, 65536, 256, 255, 24, 228 * KiB, 227 * KiB, 1 * KiB, 128),
     )
 }
 
@@ -198,6 +201,19 @@ _H100_SRC = (
     "PCIe 5.0 x16 host link"
 )
 
+_B200_SRC = (
+    "NVIDIA B200 (HGX/DGX B200, SXM, 1000 W): 148 SMs enabled (two dies of 80 physical SMs, 74 enabled on "
+    "each: Chips and Cheese, 'Nvidia's B200: Keeping the CUDA Juggernaut Rolling', 2025, which also measured "
+    "L1/shared 256 KB per SM as on H100 and clocks similar to H100 SXM); 192 GB HBM3e in 8 stacks, 8 TB/s "
+    "(NVIDIA DGX B200 datasheet: 1,440 GB of GPU memory over 8 GPUs, i.e. 180 GB usable each, 64 TB/s "
+    "aggregate); L2 126 MB (2.5x H100's: 'The Evolution of NVIDIA Blackwell GPU Memory Architecture', "
+    "freeCodeCamp, 2025; some third-party tables list other sizes, the driver reports the real value); boost "
+    "clock 1980 MHz (hmc-tech B200 specification table), base clock assumed equal to H100 SXM's 1590 MHz (no "
+    "published figure); persisting L2 assumed 75% of L2 as on A100/H100; latencies assumed H100's until "
+    "calibrated; sustained L2 bandwidth assumed 1.6x H100's 7,500 GB/s (no published figure); dense peaks (HGX B200 at 1000 W, NVIDIA figures quoted by Glenn Lockwood's B200 notes): FP32 "
+    "80, TF32 1100, FP16 2250 TFLOP/s; hosted by PCIe 5.0 x16 CPUs"
+)
+
 GPUS: dict[str, GpuSpec] = {}
 
 
@@ -284,17 +300,24 @@ AMBIGUOUS = {
     "nvidia a100": ("a100-80gb", "a100-40gb", "a100-pcie-40gb", "a100-pcie-80gb"),
 }
 
+_add(GpuSpec("b200", "NVIDIA B200", "sm_100", 148, 126 * MiB, int(94.5 * MiB), 180 * GiB,
+             8000.0, 12000.0, 1980, 1590, 260.0, 480.0, _B200_SRC, ("sm_100",),
+             l1_data_bytes=224 * KiB, l1_latency_ns=20.0,
+             fp32_TFLOPS=80.0, tf32_TFLOPS=1100.0, fp16_TFLOPS=2250.0, pcie_GBps=50.0, host_link="PCIe 5.0 x16"))
+
 #: the paper's GPU (A100): what CPU emulation sizes its L2 after and the claims are checked on
 REFERENCE_ARCH = "sm_80"
 
 #: the representative GPU for each architecture key
-DEFAULT_GPU = {"sm_70": "v100", "sm_80": "a100-80gb", "sm_86": "a10", "sm_89": "l4", "sm_90": "h100-sxm"}
+DEFAULT_GPU = {"sm_70": "v100", "sm_80": "a100-80gb", "sm_86": "a10", "sm_89": "l4", "sm_90": "h100-sxm",
+               "sm_100": "b200"}
 
 
 def normalize_arch(text: str) -> str:
-    """'sm_80', '80', '8.0', 'sm80', 'compute_80' -> 'sm_80'; unknown -> ConfigError."""
+    """'sm_80', '80', '8.0', 'sm80', 'compute_80' -> 'sm_80' ('sm_100', '100', '10.0' -> 'sm_100');
+    unknown -> ConfigError."""
     t = text.strip().lower()
-    m = re.fullmatch(r"(?:sm_?|compute_)?(\d)\.?(\d)", t)
+    m = re.fullmatch(r"(?:sm_?|compute_)?(\d{1,2}?)\.?(\d)", t)
     if not m:
         raise ConfigError(f"unknown architecture {text!r}: use one of {', '.join(ARCHS)}")
     arch = f"sm_{m.group(1)}{m.group(2)}"
@@ -351,7 +374,7 @@ def gpu_spec(name: str) -> GpuSpec:
     except ConfigError:
         pass
     # driver names such as "NVIDIA H100 PCIe" or "NVIDIA A100-PCIE-40GB"
-    for key, pattern in (("h200", "h200"), ("h800", "h800"), ("h20-3e", r"h20-?3e"), ("h20", r"\bh20\b"),
+    for key, pattern in (("b200", r"\bb200\b"), ("h200", "h200"), ("h800", "h800"), ("h20-3e", r"h20-?3e"), ("h20", r"\bh20\b"),
                          ("h100-nvl", r"h100.*nvl"), ("h100-pcie", r"h100.*pcie"), ("h100-sxm", r"h100.*(hbm3|sxm)"),
                          ("a100-pcie-80gb", r"a100.*(80.*pcie|pcie.*80)"), ("a100-pcie-40gb", r"a100.*pcie"),
                          ("a100-40gb", r"a100.*40"), ("a100-80gb", r"a100.*(80|sxm)"), ("v100", r"v100"),

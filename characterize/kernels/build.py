@@ -37,7 +37,9 @@ from characterize.progress import Progress, Reporter, as_reporter
 SOURCE = "embedding_bag.cu"
 #: the training step's kernels (backward and fused optimizer): their own library per build
 TRAINING_SOURCE = "embedding_bag_backward.cu"
-SOURCES = (SOURCE, TRAINING_SOURCE)
+#: the table-batched forward (variant tbe: every table of a batch in one launch): its own library per build
+TBE_SOURCE = "tbe.cu"
+SOURCES = (SOURCE, TRAINING_SOURCE, TBE_SOURCE)
 CACHE_FORMAT = 1
 
 

@@ -7,7 +7,8 @@ definition, for every table dtype. The deliberately wrong variant must fail here
 proves the checker can. The cache variant is also run over several batches with a cache
 warmed from another table's trace, so that rows are missed, admitted and evicted, and
 every batch is compared with torch on the full table and the cache's maps and slots
-with the host table.
+with the host table. A table-batched variant (tbe) is also run on a batch of tables that
+differ in E, D and dtype, in one launch per dtype group, each table compared with torch.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from characterize.kernels.library import (
     check_indices,
     default_backend,
     dequantize,
+    run_tables,
     run_variant,
     table_dtype,
 )
@@ -81,7 +83,8 @@ def expected_bags(offsets: np.ndarray, n: int, indices: np.ndarray, padding_idx:
     B = len(offsets)
     ends = np.append(offsets[1:], n)
     starts = offsets.copy()
-    starts[0] = 0
+    if B:
+        starts[0] = 0
     offset2bag = np.repeat(np.arange(B), np.maximum(ends - starts, 0))
     keep = np.ones(n, dtype=bool) if padding_idx is None else indices != padding_idx
     sizes = np.bincount(offset2bag[keep[: len(offset2bag)]], minlength=B) if n else np.zeros(B, dtype=np.int64)
@@ -120,6 +123,64 @@ def check_one(variant: str, weight: Table, indices: torch.Tensor, offsets: torch
         size_ok = bool(np.array_equal(out.bag_size.cpu().numpy(), exp_size))
     passed = err <= tol and o2b_ok is not False and size_ok is not False
     return CheckResult(variant, dataset, mode, shape, backend, err, tol, o2b_ok, size_ok, passed, "", dtype)
+
+
+def check_tables(variant: str, tables: list[Table], batch: list[tuple[torch.Tensor, torch.Tensor]], *,
+                 mode: str = "sum", padding_idx: int | None = None, params: dict | None = None,
+                 backend: str | None = None, dataset: str = "", grid: int = 0) -> list[CheckResult]:
+    """A batched variant (tbe) on every table of `batch` at once (one launch per dtype group;
+    tables may differ in E, D and dtype), each table compared with torch as check_one does;
+    one result per table, its shape naming the table's place in the batch."""
+    backend = backend or default_backend()
+    device = "cuda" if backend == "cuda" else "cpu"
+    T = len(tables)
+    shapes, tols, refs = [], [], []
+    for t, (w, (idx, off)) in enumerate(zip(tables, batch)):
+        lengths = np.diff(np.append(off.numpy(), idx.shape[0]))
+        wide = dequantize(w).double()
+        refs.append(torch.nn.functional.embedding_bag(idx, wide, off, mode=mode, padding_idx=padding_idx))
+        tols.append(tolerance(table_dtype(w), variant, int(lengths.max(initial=1)), float(wide.abs().max())))
+        shapes.append(f"T={T} table={t} B={off.shape[0]} D={w.shape[1]} E={w.shape[0]} Lmax={int(lengths.max(initial=0))}")
+    try:
+        outs = run_tables(variant, [w.to(device).clone() for w in tables],
+                          [(i.to(device), o.to(device)) for i, o in batch], mode=mode, padding_idx=padding_idx,
+                          params=params, backend=backend, grid=grid)
+    except (UnsupportedShape, FbgemmUnavailable) as e:  # refused by design, or a peer not installed here
+        return [CheckResult(variant, dataset, mode, shapes[t], backend, float("nan"), tols[t], None, None, None,
+                            f"skipped: {e}", table_dtype(w)) for t, w in enumerate(tables)]
+    except CharacterizeError as e:
+        return [CheckResult(variant, dataset, mode, shapes[t], backend, float("nan"), tols[t], None, None, False,
+                            str(e), table_dtype(w)) for t, w in enumerate(tables)]
+    results = []
+    for t, (w, (idx, off), out) in enumerate(zip(tables, batch, outs)):
+        B, E = off.shape[0], w.shape[0]
+        err = float((out.output.double().cpu() - refs[t]).abs().max()) if B else 0.0
+        o2b_ok = size_ok = None   # only where the variant writes them (FBGEMM's forward does not)
+        if out.offset2bag.numel() or out.bag_size.numel():
+            exp_o2b, exp_size = expected_bags(off.numpy(), idx.shape[0], idx.numpy(),
+                                              None if padding_idx is None else padding_idx % E)
+            o2b_ok = bool(np.array_equal(out.offset2bag.cpu().numpy(), exp_o2b))
+            size_ok = bool(np.array_equal(out.bag_size.cpu().numpy(), exp_size))
+        results.append(CheckResult(variant, dataset, mode, shapes[t], backend, err, tols[t], o2b_ok, size_ok,
+                                   err <= tols[t] and o2b_ok is not False and size_ok is not False, "",
+                                   table_dtype(w)))
+    return results
+
+
+def mixed_tables(config: WorkloadConfig, dtypes: Iterable[str], dataset: str) -> tuple[list[Table],
+                                                                                        list[tuple[torch.Tensor, torch.Tensor]]]:
+    """A batch whose tables differ: one table per dtype at the config's E and D, then a table of
+    a prime E with D + 4 and one of D / 2 rounded to 4 (each with its own trace of `dataset`),
+    the shapes a table-batched launch must mix."""
+    kinds = list(dtypes) or ["fp32"]
+    shapes = [(config.E, config.D, dt) for dt in kinds]
+    shapes += [(211, config.D + 4, kinds[0]), (127, max(4, config.D // 8 * 4), kinds[-1])]
+    tables, batch = [], []
+    for t, (E, D, dt) in enumerate(shapes):
+        tables.append(make_table(dt, E, D, config.seed + t))
+        idx, off = generate(dataset, config.replace(E=E, D=D), tables=[t]).tables[0].batch(0)
+        batch.append((torch.from_numpy(idx.copy()), torch.from_numpy(off.copy())))
+    return tables, batch
 
 
 #: batches the cache variant is checked over (its cache carries over from one to the next)
@@ -187,6 +248,15 @@ def check_cache_batches(variant: str, weight: Table, batches: list[tuple[torch.T
                        "" if consistent else "the cache's maps or slots disagree with the host table", dtype, note)
 
 
+def _reads(variant: str, D: int, dtype: str) -> bool:
+    """Whether `variant` reads tables of D x dtype."""
+    try:
+        get_variant(variant).check_shape(D, dtype)
+    except UnsupportedShape:
+        return False
+    return True
+
+
 def check_variants(variants: Iterable[str] | None = None, datasets: Iterable[str] = HOTNESS_ORDER,
                    config: WorkloadConfig | None = None, modes: Iterable[str] = ("sum", "mean"),
                    backend: str | None = None, params: dict[str, dict] | None = None,
@@ -224,6 +294,18 @@ def check_variants(variants: Iterable[str] | None = None, datasets: Iterable[str
                     if progress:
                         progress(f"{name:9s} {dtype:5s} {ds_name:9s} {mode:4s} {'ok' if r.passed else 'FAIL'}")
                     results.append(r)
+                    v = get_variant(name)
+                    # a batched variant on several shapes in one launch: ours mixes every dtype, FBGEMM's module
+                    # holds one precision (and is skipped where it is not installed or refuses the shape)
+                    if v.batched and (dtype == kinds[-1] or v.peer) and r.passed is not None:
+                        mixed = [dtype] if v.peer else [d for d in kinds if _reads(name, config.D, d)]
+                        tables_, batch_ = mixed_tables(config, mixed, ds_name)
+                        for r in check_tables(name, tables_, batch_, mode=mode, params=params.get(name),
+                                              backend=backend, dataset=ds_name):
+                            if progress:
+                                progress(f"{name:9s} {r.dtype:5s} {ds_name:9s} {mode:4s} {'ok' if r.passed else 'FAIL'} "
+                                         f"({r.shape})")
+                            results.append(r)
                     if get_variant(name).host == "cache":
                         r = check_cache_batches(name, weight, cache_batches, cache_warm, mode=mode,
                                                 params=params.get(name), backend=backend, dataset=ds_name, gpu=gpu)

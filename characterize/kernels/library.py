@@ -26,10 +26,15 @@ from characterize.errors import (
 )
 from characterize.hardware.devices import devices
 from characterize.hardware.specs import REFERENCE_ARCH, gpu_spec
-from characterize.kernels.build import BuildResult, BuildSpec, build
+from characterize.kernels.build import TBE_SOURCE, BuildResult, BuildSpec, build
 from characterize.kernels.cache import HostCache, ManagedTable
-from characterize.kernels.fbgemm import FbgemmTable
+from characterize.kernels.fbgemm import INSTALL_HINT as FBGEMM_INSTALL
+from characterize.kernels.fbgemm import FbgemmBatch, FbgemmTable
+from characterize.kernels.fbgemm import available as fbgemm_available
+from characterize.kernels.fbgemm import build_variant as fbgemm_build
+from characterize.kernels.outputs import BagOutputs
 from characterize.kernels.registry import (
+    TBE_MAX_TABLES,
     Variant,
     default_cache_rows,
     get_variant,
@@ -186,18 +191,19 @@ class KernelLibrary(CudaLibrary):
         return out
 
 
-_OPEN: dict[Path, KernelLibrary] = {}
+_OPEN: dict[Path, CudaLibrary] = {}
 
 
-def load_library(spec: BuildSpec) -> KernelLibrary:
-    """Build (or reuse) and open the library for `spec`. A CUDA build needs a GPU."""
+def load_library(spec: BuildSpec) -> Any:
+    """Build (or reuse) and open the library for `spec`: the per-table family (KernelLibrary)
+    or the table-batched kernel (TbeLibrary, spec.source == TBE_SOURCE). A CUDA build needs a GPU."""
     if spec.target == "cuda" and not torch.cuda.is_available():
         raise NoCudaDevice("no CUDA device: the CUDA build of the kernels cannot be loaded here. "
                            "Use backend 'emulate' (`characterize check`) to check kernel logic on the "
                            "CPU, or `characterize build` for static characterization.")
     result = build(spec)
     if result.library not in _OPEN:  # one handle per library file (a source edit gives a new file)
-        _OPEN[result.library] = KernelLibrary(result)
+        _OPEN[result.library] = TbeLibrary(result) if spec.source == TBE_SOURCE else KernelLibrary(result)
     return _OPEN[result.library]
 
 
@@ -300,12 +306,6 @@ def dequantize(table: Table) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------- launching
-class BagOutputs(NamedTuple):
-    output: torch.Tensor      # [B, D]
-    offset2bag: torch.Tensor  # [N] (empty for torch)
-    bag_size: torch.Tensor    # [B] (empty for torch)
-
-
 def hot_rows_by_frequency(indices: np.ndarray | torch.Tensor, k: int) -> np.ndarray:
     """The k most frequent rows of a trace, hottest first (ties by row id)."""
     idx = indices.cpu().numpy() if isinstance(indices, torch.Tensor) else np.asarray(indices)
@@ -372,9 +372,13 @@ class TableKernel:
         self._order, self._remap = order, remap
 
     def map_indices(self, indices: torch.Tensor) -> torch.Tensor:
-        """Indices as this variant's table layout needs them (l2w remaps, once per trace)."""
+        """Indices as this variant's table layout needs them (l2w remaps, once per trace; tbe
+        reads them as int32 when every table has fewer than 2^31 rows; FBGEMM's inference TBE
+        takes int32)."""
         if self.peer is not None:
             return self.peer.indices(indices)
+        if self.variant.batched:
+            return indices.to(index_dtype(self.params))
         return self._remap[indices] if self._remap is not None else indices
 
     def map_padding(self) -> int:
@@ -433,6 +437,10 @@ class TableKernel:
             return BagOutputs(y, empty, empty)
         if per_sample_weights is not None and not self.variant.per_sample_weights:
             raise UnsupportedShape(f"variant {self.variant.name} does not support per-sample weights")
+        if self.variant.batched:  # a one-table batch of the table-batched kernel
+            entry = TbeEntry(weight, self.dim, self.dtype, indices, offsets, out)
+            return self.library.launch([entry], self.mode, padding, self.params,
+                                       _stream_handle(indices.device))[0]
         if out is None:
             dev = indices.device
             out = BagOutputs(torch.empty(B, D, dtype=torch.float32, device=dev),   # pooled in fp32
@@ -516,6 +524,20 @@ def device_state(kernels: Sequence[TableKernel], set_aside: bool = True) -> Iter
         lib.l2_restore(stream, saved)
 
 
+def unavailable(variant: str | Variant, backend: str) -> str | None:
+    """Why a variant cannot run on this backend here (a peer whose package is missing, or
+    its CPU build on a GPU), or None: bench and profile skip it in one line instead of
+    failing each of its points."""
+    v = get_variant(variant) if isinstance(variant, str) else variant
+    if v.peer != "fbgemm":
+        return None
+    if not fbgemm_available():
+        return f"FBGEMM is not installed ({FBGEMM_INSTALL})"
+    if backend == "cuda" and fbgemm_build() == "cpu":
+        return f"only FBGEMM's CPU build is installed ({FBGEMM_INSTALL})"
+    return None
+
+
 def check_indices(indices: torch.Tensor, rows: int, where: str = "indices") -> None:
     """Out-of-range indices would fault on the GPU: refuse them with their position."""
     if indices.numel() == 0:
@@ -570,6 +592,11 @@ def bind(variant: str | Variant, weight: Table, *, trace: torch.Tensor | None = 
     gpu = gpu or gpu_spec(REFERENCE_ARCH)
     p = resolve_params(v, params, arch, gpu, DTYPES[dtype].element_bytes * D + DTYPES[dtype].qparam_bytes, dtype=dtype)
     library = load_library(v.build_spec(backend, arch, p, dtype))
+    if v.batched:
+        p = tbe_params(p, [E])
+        if library.emulated:
+            library.emu_set_sm_count(gpu.sm_count)
+        return TableKernel(v, p, weight, library, None, mode, padding_idx, dtype, D)
     if library.emulated:   # one emulated device per process: resized only for another GPU, never reset between binds
         s = library.emu_state()
         if (s.l2_bytes, s.max_persisting_bytes) != (gpu.l2_bytes, gpu.max_persisting_l2_bytes):
@@ -610,3 +637,279 @@ def run_variant(variant: str | Variant, weight: Table, indices: torch.Tensor, of
         return out
     finally:
         tk.close()
+
+
+# ------------------------------------------------------ table-batched launches (tbe)
+# The tbe variant's one launch covers every table of a batch (kernels/tbe.cu). Its descriptors
+# mirror chz_tbe_table / chz_tbe_args; the launcher fills the second half of each (lanes per
+# group, bags per run, warp tasks) and the launch's choices (path, vectors per lane, grid).
+class TbeTableArgs(ctypes.Structure):
+    _fields_ = [
+        ("weight", ctypes.c_void_p), ("indices", ctypes.c_void_p), ("offsets", ctypes.c_void_p),
+        ("output", ctypes.c_void_p), ("offset2bag", ctypes.c_void_p), ("bag_size", ctypes.c_void_p),
+        ("num_rows", ctypes.c_int64), ("padding_idx", ctypes.c_int64), ("num_indices", ctypes.c_int64),
+        ("num_bags", ctypes.c_int64), ("row_bytes", ctypes.c_int64), ("output_stride", ctypes.c_int64),
+        ("dim", ctypes.c_int32), ("dtype", ctypes.c_int32), ("group", ctypes.c_int32),
+        ("bags_per_run", ctypes.c_int32), ("first_task", ctypes.c_int32), ("tasks", ctypes.c_int32),
+    ]
+
+
+class TbeArgs(ctypes.Structure):
+    _fields_ = [
+        ("num_tables", ctypes.c_int32), ("mode", ctypes.c_int32), ("index_bits", ctypes.c_int32),
+        ("path", ctypes.c_int32), ("bags_per_run", ctypes.c_int32), ("vectors_per_lane", ctypes.c_int32),
+        ("row_bits", ctypes.c_int32), ("grid", ctypes.c_int32), ("total_tasks", ctypes.c_int32),
+        ("tasks_per_warp", ctypes.c_int32), ("extra_tasks", ctypes.c_int32),
+        ("tables", TbeTableArgs * TBE_MAX_TABLES),
+    ]
+
+
+#: chz_tbe_path: how a launch walks its bags
+TBE_PATHS = {0: "auto", 1: "long", 2: "short"}
+
+
+class TbeEntry(NamedTuple):
+    """One table of a tbe launch: its rows as the kernel reads them (int8: the packed rows), its
+    batch (indices and offsets of the launch's index type) and where the bags go (None: allocated)."""
+
+    weight: torch.Tensor
+    dim: int
+    dtype: str
+    indices: torch.Tensor
+    offsets: torch.Tensor
+    out: BagOutputs | None = None
+
+
+def index_dtype(params: dict[str, int]) -> torch.dtype:
+    """The index (and offset) type a tbe launch reads."""
+    return torch.int32 if params.get("index_bits", 64) == 32 else torch.int64
+
+
+def tbe_params(params: dict[str, int], rows: Sequence[int]) -> dict[str, int]:
+    """`params` with index_bits chosen: 32 when every table has fewer than 2^31 rows (the
+    traces are then converted once, outside timing), else 64; a given 32 for a larger table
+    is refused."""
+    out = dict(params)
+    bits = out.get("index_bits")
+    fits = max(rows, default=0) < 2**31
+    if bits is None:
+        out["index_bits"] = 32 if fits else 64
+    elif bits not in (32, 64):
+        raise ConfigError(f"variant tbe: index_bits must be 32 or 64, got {bits}")
+    elif bits == 32 and not fits:
+        raise ConfigError("variant tbe: index_bits=32 needs every table to have fewer than 2^31 rows")
+    return out
+
+
+class TbeLibrary(CudaLibrary):
+    """The table-batched kernel's library (kernels/tbe.cu, one per dtype)."""
+
+    def __init__(self, result: BuildResult):
+        super().__init__(result)
+        L = self.lib
+        L.chz_tbe_forward.argtypes = [ctypes.POINTER(TbeArgs), ctypes.POINTER(LaunchArgs), ctypes.c_void_p]
+        L.chz_tbe_forward.restype = ctypes.c_int
+        L.chz_tbe_group.argtypes = [ctypes.c_int64, ctypes.c_int]
+        L.chz_tbe_vectors_per_lane.argtypes = [ctypes.c_int64]
+        L.chz_tbe_bags_per_run.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
+        L.chz_tbe_short_path.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
+        L.chz_tbe_kernel_info.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int)]
+        L.chz_l2_reset.restype = ctypes.c_int
+        if L.chz_tbe_args_size() != ctypes.sizeof(TbeArgs) or L.chz_tbe_max_tables() != TBE_MAX_TABLES:
+            raise KernelLaunchError(f"{result.library}: chz_tbe_args is {L.chz_tbe_args_size()} bytes in C but "
+                                    f"{ctypes.sizeof(TbeArgs)} in Python; rebuild after updating both")
+        if self.emulated:
+            L.chz_emu_set_sm_count.argtypes = [ctypes.c_int]
+        self.last: dict[str, Any] = {}   # what the last launch chose (path, V, grid, per-table groups and runs)
+
+    def emu_set_sm_count(self, sms: int) -> None:
+        """The emulated device's SM count, which sizes an automatic grid."""
+        self.lib.chz_emu_set_sm_count(int(sms))
+
+    def kernel_info(self, which: str) -> tuple[int, int]:
+        """(resident blocks per SM, registers per thread) of an instance as the CUDA runtime
+        reports them; `which` is tbe<V>_<index bits>_<row bits>_<long|short>."""
+        blocks, regs = ctypes.c_int(), ctypes.c_int()
+        self.check(self.lib.chz_tbe_kernel_info(which.encode(), ctypes.byref(blocks), ctypes.byref(regs)),
+                   f"querying {which}")
+        return blocks.value, regs.value
+
+    def launch(self, entries: Sequence[TbeEntry], mode: str, padding: int, params: dict[str, int],
+               stream: int | None, grid: int = 0, row_bits: int = 0) -> list[BagOutputs]:
+        """One launch for up to TBE_MAX_TABLES tables of this library's dtype (more: one per 64).
+        `padding` is the padding row of every table (-1: none); `params` holds index_bits and
+        optionally short (0/1; absent: chosen per launch) and bags_per_run; `row_bits` 64 forces
+        the 64-bit row-number instance (tests: tables of 2^31 rows are not made for them)."""
+        outs: list[BagOutputs] = []
+        for start in range(0, len(entries), TBE_MAX_TABLES):
+            outs += self._launch(entries[start:start + TBE_MAX_TABLES], mode, padding, params, stream, grid, row_bits)
+        return outs
+
+    def _launch(self, entries: Sequence[TbeEntry], mode: str, padding: int, params: dict[str, int],
+                stream: int | None, grid: int, row_bits: int) -> list[BagOutputs]:
+        idx_type = index_dtype(params)
+        args = TbeArgs(num_tables=len(entries), mode=1 if mode == "mean" else 0,
+                       index_bits=32 if idx_type == torch.int32 else 64, row_bits=row_bits,
+                       path={None: 0, 0: 1, 1: 2}[params.get("short")], bags_per_run=params.get("bags_per_run", 0))
+        keep: list[torch.Tensor] = []   # converted batches live until the launch returns (the emulator runs it)
+        outs = []
+        for i, e in enumerate(entries):
+            if e.dtype != self.dtype:
+                raise UnsupportedShape(f"a {e.dtype} table in the {self.dtype} library's launch")
+            idx = e.indices if e.indices.dtype == idx_type else e.indices.to(idx_type)
+            off = e.offsets if e.offsets.dtype == idx_type else e.offsets.to(idx_type)
+            keep += [idx.contiguous(), off.contiguous()]
+            idx, off = keep[-2], keep[-1]
+            B, N, dev = off.shape[0], idx.shape[0], idx.device
+            out = e.out or BagOutputs(torch.empty(B, e.dim, dtype=torch.float32, device=dev),
+                                      torch.empty(N, dtype=torch.int64, device=dev),
+                                      torch.empty(B, dtype=torch.int64, device=dev))
+            outs.append(out)
+            w = e.weight
+            if w.dim() != 2 or w.stride(1) != 1:
+                raise UnsupportedShape("variant tbe reads rows of contiguous elements (a table with stride(1) == 1)")
+            args.tables[i] = TbeTableArgs(
+                weight=w.data_ptr(), indices=idx.data_ptr() if N else None, offsets=off.data_ptr() if B else None,
+                output=out.output.data_ptr(), offset2bag=out.offset2bag.data_ptr() if N else None,
+                bag_size=out.bag_size.data_ptr() if B else None, num_rows=w.shape[0], padding_idx=padding,
+                num_indices=N, num_bags=B, row_bytes=w.stride(0) * w.element_size(),
+                output_stride=out.output.stride(0), dim=e.dim, dtype=DTYPES[e.dtype].code)
+        launch = LaunchArgs(256, 1, grid, 0)
+        self.check(self.lib.chz_tbe_forward(ctypes.byref(args), ctypes.byref(launch), stream), "variant tbe")
+        self.last = {"path": TBE_PATHS[args.path], "vectors_per_lane": args.vectors_per_lane, "grid": args.grid,
+                     "index_bits": args.index_bits, "row_bits": args.row_bits, "warp_tasks": args.total_tasks,
+                     "groups": [args.tables[i].group for i in range(len(entries))],
+                     "bags_per_run": [args.tables[i].bags_per_run for i in range(len(entries))]}
+        return outs
+
+
+@dataclass
+class TableBatch:
+    """A batched variant (one launch per batch) bound to every table of a batch: each dtype's
+    tables go to that dtype's library, one launch per dtype group (and per TBE_MAX_TABLES
+    tables), back to back on the stream. Tables may differ in E, D and dtype."""
+
+    variant: Variant
+    params: dict[str, int]
+    weights: list[torch.Tensor]           # each table as the kernel reads it (int8: the packed rows)
+    dims: list[int]
+    dtypes: list[str]
+    libraries: dict[str, TbeLibrary]
+    mode: str = "sum"
+    padding_idx: int | None = None
+    grid: int = 0                         # blocks per launch; 0: SMs x resident blocks (tests set a few)
+    row_bits: int = 0                     # 64 forces 64-bit row numbers (tests); 0: chosen per launch
+
+    @property
+    def T(self) -> int:
+        return len(self.weights)
+
+    @property
+    def launches(self) -> int:
+        """Kernel launches per batch: one per dtype group and per TBE_MAX_TABLES tables of it."""
+        return sum(-(-self.dtypes.count(dt) // TBE_MAX_TABLES) for dt in self.libraries)
+
+    def map_batch(self, batch: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """A batch's (indices, offsets) per table in the type the launch reads, converted once
+        (outside the timed launches)."""
+        t = index_dtype(self.params)
+        if len(batch) != self.T:
+            raise ConfigError(f"a batch of {len(batch)} tables for {self.T} bound tables")
+        return [(i.to(t).contiguous(), o.to(t).contiguous()) for i, o in batch]
+
+    def outputs(self, batch: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> list[BagOutputs]:
+        """Output buffers for a batch (allocated once, before timing)."""
+        out = []
+        for D, (idx, off) in zip(self.dims, batch):
+            dev = idx.device
+            out.append(BagOutputs(torch.empty(off.shape[0], D, dtype=torch.float32, device=dev),
+                                  torch.empty(idx.shape[0], dtype=torch.int64, device=dev),
+                                  torch.empty(off.shape[0], dtype=torch.int64, device=dev)))
+        return out
+
+    def launch(self, batch: Sequence[tuple[torch.Tensor, torch.Tensor]],
+               outs: Sequence[BagOutputs] | None = None) -> list[BagOutputs]:
+        """Every table of `batch` (mapped with map_batch) in one launch per dtype group."""
+        result: list[BagOutputs | None] = [None] * self.T
+        stream = _stream_handle(batch[0][0].device) if batch else None
+        padding = -1 if self.padding_idx is None else self.padding_idx
+        for dtype, lib in self.libraries.items():
+            which = [t for t in range(self.T) if self.dtypes[t] == dtype]
+            entries = [TbeEntry(self.weights[t], self.dims[t], dtype, *batch[t], outs[t] if outs else None)
+                       for t in which]
+            for t, o in zip(which, lib.launch(entries, self.mode, padding, self.params, stream, self.grid,
+                                              self.row_bits)):
+                result[t] = o
+        return result  # type: ignore[return-value]
+
+    def last_launch(self) -> dict[str, dict[str, Any]]:
+        """What each dtype group's last launch chose (path, vectors per lane, grid, ...)."""
+        return {dt: lib.last for dt, lib in self.libraries.items()}
+
+    def close(self) -> None:
+        """Nothing to restore: the launch changes no device state."""
+
+
+def bind_tables(variant: str | Variant, weights: Sequence[Table], *, params: dict[str, Any] | None = None,
+                mode: str = "sum", padding_idx: int | None = None, backend: str | None = None,
+                gpu: Any = None) -> TableBatch:
+    """Bind a batched variant (tbe) to every table of a batch: fp32, fp16 or bf16 tensors or
+    QuantizedTables (int8, int8h), each with its own E, D and dtype."""
+    v = get_variant(variant) if isinstance(variant, str) else variant
+    if not v.batched:
+        raise ConfigError(f"variant {v.name} launches one table at a time; bind() each table instead")
+    if not weights:
+        raise ConfigError("bind_tables needs at least one table")
+    if mode not in ("sum", "mean"):
+        raise ConfigError(f"mode must be sum or mean, got {mode!r}")
+    dtypes = [dtype_spec(table_dtype(w)).name for w in weights]
+    dims = [w.shape[1] for w in weights]
+    rows = [w.shape[0] for w in weights]
+    raw = [w.data if isinstance(w, QuantizedTable) else w for w in weights]
+    for D, dt in zip(dims, dtypes):
+        v.check_shape(D, dt)
+    if v.peer == "fbgemm":   # FBGEMM's own module: one forward for every table
+        if padding_idx is not None:
+            raise UnsupportedShape("FBGEMM's TBE has no padding_idx (it prunes rows with index remapping instead)")
+        if len(set(dtypes)) != 1:
+            raise UnsupportedShape("one FBGEMM TBE module holds tables of one precision; got " + ", ".join(
+                sorted(set(dtypes))))
+        return FbgemmBatch(v, raw, dims, dtypes[0], mode)  # type: ignore[return-value]
+    if padding_idx is not None and not all(0 <= padding_idx < E for E in rows):
+        raise ConfigError(f"padding_idx {padding_idx} outside some table's rows")
+    on_gpu = {w.is_cuda for w in raw}
+    if len(on_gpu) != 1:
+        raise ConfigError("bind_tables: the tables must all be on the GPU or all on the CPU")
+    backend = backend or ("cuda" if raw[0].is_cuda else "emulate")
+    if (backend == "cuda") != raw[0].is_cuda:
+        raise ConfigError(f"backend {backend!r} needs the tables " + ("on the GPU" if backend == "cuda" else "on the CPU"))
+    arch = None
+    if backend == "cuda":
+        if not torch.cuda.is_available():
+            raise NoCudaDevice("no CUDA device: backend 'cuda' needs one; use backend 'emulate' on the CPU")
+        major, minor = torch.cuda.get_device_capability(raw[0].device)
+        arch = f"sm_{major}{minor}"
+    gpu = gpu or gpu_spec(arch or REFERENCE_ARCH)
+    p = tbe_params(v.resolve_params(params), rows)
+    libraries: dict[str, TbeLibrary] = {}
+    for dt in dict.fromkeys(dtypes):
+        lib = load_library(v.build_spec(backend, arch, p, dt))
+        if lib.emulated:
+            lib.emu_set_sm_count(gpu.sm_count)
+        libraries[dt] = lib
+    return TableBatch(v, p, raw, dims, dtypes, libraries, mode, padding_idx)
+
+
+def run_tables(variant: str | Variant, weights: Sequence[Table], batch: Sequence[tuple[torch.Tensor, torch.Tensor]],
+               *, mode: str = "sum", padding_idx: int | None = None, params: dict[str, Any] | None = None,
+               backend: str | None = None, gpu: Any = None, grid: int = 0, row_bits: int = 0) -> list[BagOutputs]:
+    """One complete batched forward: every table's (indices, offsets) of `batch` in one launch
+    per dtype group; outputs per table, in the tables' order."""
+    for t, (w, (idx, _)) in enumerate(zip(weights, batch)):
+        check_indices(idx, w.shape[0], f"table {t}")
+    tb = bind_tables(variant, weights, params=params, mode=mode, padding_idx=padding_idx, backend=backend, gpu=gpu)
+    tb.grid, tb.row_bits = grid, row_bits
+    outs = tb.launch(tb.map_batch(batch))
+    if outs and outs[0].output.is_cuda:
+        torch.cuda.synchronize(outs[0].output.device)
+    return outs

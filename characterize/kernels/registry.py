@@ -14,12 +14,21 @@ from characterize.errors import (
     ConfigError,
     UnsupportedShape,
 )
-from characterize.kernels.build import BuildSpec
+from characterize.kernels.build import SOURCE, TBE_SOURCE, BuildSpec
 
 
 def vector_elems(dtype: str) -> int:
     """Elements one 16-byte load of the warp kernel covers (4 fp32, 8 fp16/bf16, 16 int8)."""
     return 16 // dtype_spec(dtype).element_bytes
+
+
+#: elements one vector load of the tbe kernel covers, every dtype (16-byte fp32, 8-byte fp16/bf16 and
+#: 4-byte int8 vectors: the same 4 fp32 accumulators per vector, so narrow dtypes fit fewer registers)
+TBE_VECTOR_ELEMS = 4
+#: tables one tbe launch covers (its descriptors travel as kernel parameters; more tables: one launch per 64)
+TBE_MAX_TABLES = 64
+#: `Variant.tables_per_launch` of a variant whose one launch covers every table of the batch
+ALL_TABLES = 0
 
 
 # ------------------------------------------------------------------- registry
@@ -56,13 +65,19 @@ class Variant:
     test_only: bool = False
     host: str = "none"              # none: table in GPU memory | cache: host table + GPU row cache | uvm: managed
     peer: str | None = None         # torch | fbgemm: a kernel we did not write, modelled from its own SASS (peers)
-    tables_per_launch: str = "one"  # one: a launch per table | all: every table in one launch
     offset2bag: bool = True         # also writes offset2bag and bag sizes, as torch's operator does
     persistent: bool = False        # a grid of SMs x resident blocks, whatever B
+    tables_per_launch: int = 1      # tables one launch covers: 1, or ALL_TABLES (one launch per batch)
+    source: str = SOURCE            # the CUDA source its library is built from (kernels.build.SOURCES)
 
     @property
     def block_size(self) -> int:
         return self.block[0] * self.block[1]
+
+    @property
+    def batched(self) -> bool:
+        """Whether one launch covers every table of a batch (timed per batch, reported per table as batch / T)."""
+        return self.tables_per_launch == ALL_TABLES
 
     @property
     def compiled(self) -> bool:
@@ -82,7 +97,8 @@ class Variant:
         if qparams and D % (qparams // 2):
             raise UnsupportedShape(f"variant {self.name} needs D to be a multiple of {qparams // 2} for "
                                    f"{dtype} tables (the scale and bias after the values must be aligned); D={D}")
-        multiple = self.dim_multiple * (vector_elems(dtype) if self.vector_loads else 1)
+        elems = (TBE_VECTOR_ELEMS if self.batched else vector_elems(dtype)) if self.vector_loads else 1
+        multiple = self.dim_multiple * elems
         if D % multiple:
             why = "it loads rows as 16-byte vectors" if self.vector_loads else "its rows are read in 4-element vectors"
             raise UnsupportedShape(f"variant {self.name} needs D to be a multiple of {multiple} for {dtype} "
@@ -127,13 +143,17 @@ class Variant:
     def build_spec(self, target: str, arch: str | None, params: dict[str, int], dtype: str = "fp32") -> BuildSpec:
         """The library build this variant runs from: one per target, architecture, cap and dtype."""
         cap = params.get("maxrregcount") if self.capped else None
-        return BuildSpec(target, arch, cap, dtype)
+        return BuildSpec(target, arch, cap, dtype, source=self.source)
 
     def kernel_name(self, params: dict[str, int], D: int, dtype: str = "fp32") -> str | None:
         """The lookup kernel's name in ptxas output for these parameters, D and dtype (the
         dtype's library holds it; the dtype picks the warp kernel's vectors per lane)."""
         if self.kernel is None:
             return None
+        if self.batched:
+            V = tbe_vectors_per_lane(D)
+            index = "long" if params.get("index_bits", 32) == 64 else "int"
+            return self.kernel.format(V=V, I=index, R="unsigned int", S="true" if params.get("short") else "false")
         group = warp_group(D, dtype)
         per_lane = -(-(D // vector_elems(dtype)) // group)
         V = next((v for v in (1, 2, 4, 8) if per_lane <= v), 8)
@@ -146,6 +166,14 @@ _CAP = Param("maxrregcount", "register cap passed to nvcc -maxrregcount (default
 _P = Param("P", "prefetch distance: row loads kept in flight per thread (at a register cap of 48, P >= 5 "
                 "spills inside the loop: raise maxrregcount with it; `characterize sass` shows the spills)", 2, 1, 8)
 _K = Param("K", "hot rows kept in L2 (default: the GPU's persisting-L2 budget / row bytes)", None, 1)
+_INDEX_BITS = Param("index_bits", "width of the indices and offsets the kernel reads: 32 (the traces are converted "
+                                  "once, outside the timed launches, when every table has fewer than 2^31 rows) or 64 "
+                                  "(as given)", None, 32, 64)
+_SHORT = Param("short", "1: the short-bag path (a group gathers several consecutive bags as one stream of indices); "
+                        "0: a group per bag (default: chosen per launch, short when the batch's mean bag length is "
+                        "at most half a step of rows)", None, 0, 1)
+_BAGS_PER_RUN = Param("bags_per_run", "short path: consecutive bags one group gathers as one stream (default: about "
+                                      "lanes per group / mean bag length, per table)", None, 1, 32)
 _C = Param("C", "rows of the GPU cache of a host-resident table (default: 1.5% of E, the share at which the "
                 "frequency-aware cache of Fang et al. 2022 reports a decent speed)", None, 1)
 
@@ -185,7 +213,7 @@ register(Variant("torch", "torch.nn.functional.embedding_bag: PyTorch's own kern
 register(Variant("fbgemm", "FBGEMM's table-batched embedding forward (TBE, fbgemm-gpu 1.8.0), what TorchRec runs: every "
                            "table in one launch, a warp per bag, whole rows in 16-byte loads, 32 indices per tile "
                            "broadcast by shuffles (modelled from its own SASS; measured through its Python API when "
-                           "fbgemm-gpu is installed)", peer="fbgemm", tables_per_launch="all", offset2bag=False,
+                           "fbgemm-gpu is installed)", peer="fbgemm", tables_per_launch=ALL_TABLES, offset2bag=False,
                  block=(512, 1), grid=0, dim_multiple=4, per_sample_weights=True, dtypes=("fp32", "fp16", "bf16", "int8h")))
 register(Variant("base", "PyTorch-style kernel: thread per (bag, feature), 32x8 blocks, grid 1024, scalar loads",
                  entry="chz_forward_base", kernel="chz_base_kernel<false>", per_sample_weights=True))
@@ -209,6 +237,12 @@ register(Variant("warp", "ours: sub-warp per bag, shuffled indices, 8 independen
                          "lane (8 whole rows per warp at D=128)",
                  entry="chz_forward_warp", kernel="chz_warp_kernel<{V}, {U}>", block=(256, 1), grid=0,
                  vector_loads=True, max_dim=1024, honors_cap=False))
+register(Variant("tbe", "ours, table-batched: every table of the batch in one launch (per-table E, D; grid = SMs x "
+                        "resident blocks), the next tile of indices loaded while the current one's rows are gathered, "
+                        "32-bit indices, a short-bag path, int8 decoded two values per packed half op",
+                 entry="chz_tbe_forward", kernel="chz_tbe_kernel<{V}, {I}, {R}, {S}>", block=(256, 1), grid=0,
+                 params=(_INDEX_BITS, _SHORT, _BAGS_PER_RUN), vector_loads=True, max_dim=1024, honors_cap=False,
+                 tables_per_launch=ALL_TABLES, source=TBE_SOURCE, persistent=True))
 register(Variant("cache", "host-resident table in pinned memory with a GPU cache of C rows warmed from the trace's "
                           "frequencies: per batch unique ids, hits and misses, misses copied from the host with "
                           "frequency-aware eviction, then base's kernel on cache slots",
@@ -236,6 +270,55 @@ def get_variant(name: str) -> Variant:
     except KeyError:
         public = ", ".join(v for v in VARIANTS if not VARIANTS[v].test_only)
         raise ConfigError(f"unknown variant {name!r}; known: {public}") from None
+
+
+def tbe_vectors_per_lane(D: int) -> int:
+    """V of the tbe kernel for a table of D (1, 2, 4 or 8 vectors of 4 elements per lane; mirrors
+    chz_tbe_vectors_per_lane in kernels/tbe.cu, a test keeps them in step). A launch takes its
+    tables' largest."""
+    nvec = D // TBE_VECTOR_ELEMS
+    v = 1
+    while v < 8 and 32 * v < nvec:
+        v *= 2
+    return v
+
+
+def tbe_group(D: int, V: int) -> int:
+    """Lanes per bag (or run of bags) of the tbe kernel for a table of D in a launch of V vectors
+    per lane: the power of two covering the row's vectors / V, at least a step's 8 / V rows, at
+    most 32 (mirrors chz_tbe_group)."""
+    need = -(-(D // TBE_VECTOR_ELEMS) // V)
+    g = 8 // V
+    while g < 32 and g < need:
+        g *= 2
+    return g
+
+
+def tbe_path(lookups: float, bags: int, D: int, params: dict[str, Any] | None = None) -> tuple[bool, int, int]:
+    """(short path, bags per run, lanes per group) the tbe launcher picks for a table of
+    `bags` bags and `lookups` lookups (mirrors chz_tbe_short_path and chz_tbe_bags_per_run):
+    short when the mean bag is at most half a step of rows, a run then holding about
+    lanes / mean L consecutive bags, at most lanes - 1."""
+    params = params or {}
+    V = tbe_vectors_per_lane(D)
+    G = tbe_group(D, V)
+    short = params.get("short")
+    short = bool(short) if short is not None else bags > 0 and 2 * lookups <= bags * (8 // V)
+    if not short:
+        return False, 1, G
+    k = int(params.get("bags_per_run") or 0)
+    if k <= 0:
+        mean_ceil = -(-int(lookups) // max(bags, 1))
+        k = G if mean_ceil <= 1 else G // mean_ceil
+    return True, max(1, min(k, G - 1 if G > 1 else 1)), G
+
+
+def bag_lanes(v: Variant, D: int, dtype: str = "fp32") -> int:
+    """Lanes sharing one bag in a variant whose lanes share bags (warp, tbe), as its
+    launcher picks them for D and the dtype."""
+    if v.source == TBE_SOURCE:
+        return tbe_group(D, tbe_vectors_per_lane(D))
+    return warp_group(D, dtype)
 
 
 def warp_group(D: int, dtype: str = "fp32") -> int:

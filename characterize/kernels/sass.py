@@ -880,8 +880,9 @@ def first_reader(path: Sequence[Instruction], k: int) -> Instruction | None:
 def qparam_loads(path: Sequence[Instruction], row_loads: frozenset[int], dtype: str) -> set[int]:
     """The gathers of int8 rows' scales and biases, told from the rows' values by what
     reads them: values are decoded by integer instructions (I2F, PRMT, LOP3...), a scale
-    or a bias goes straight into float arithmetic. Where the readers do not tell (a
-    path without both kinds), the widths do (QPARAM_LOAD_BITS)."""
+    or a bias goes straight into float arithmetic (a loop that loads its scales outside,
+    once per tile as tbe does, has values only). Where no reader says "value", the widths
+    do (QPARAM_LOAD_BITS)."""
     if dtype not in QPARAM_LOAD_BITS:
         return set()
     kinds: dict[int, str] = {}
@@ -890,7 +891,7 @@ def qparam_loads(path: Sequence[Instruction], row_loads: frozenset[int], dtype: 
             reader = first_reader(path, k)
             op = reader.opcode if reader is not None else ""
             kinds[i.address] = "value" if op in INT_DECODE else "qparam" if op in FLOAT_MATH else "?"
-    if "value" in kinds.values() and "qparam" in kinds.values():
+    if "value" in kinds.values():   # values decoded here: the gathers read by float math alone are qparams
         return {a for a, kind in kinds.items() if kind == "qparam"}
     bits = QPARAM_LOAD_BITS[dtype]
     return {i.address for i in path if i.address in row_loads and i.width_bits in bits}

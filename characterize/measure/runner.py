@@ -44,7 +44,7 @@ from characterize.measure.worker import (
     KERNEL_FILTER,
     PROFILE_RANGE,
     launches_before_profiled,
-    matching_launches,
+    profiled_launches,
 )
 from characterize.progress import Progress
 from characterize.progress import quiet as _quiet
@@ -216,7 +216,7 @@ def _profile_variant(run: RunDir, exp: ExperimentConfig, variant: str, datasets:
         run.log(f"profile {variant}: one process for {len(datasets)} points did not work ({str(e).splitlines()[0]}); "
                 "profiling them one by one")
         return None
-    per_point = min(exp.profile.tables, exp.workload.T) * matching_launches(variant)
+    per_point = profiled_launches(variant, exp.profile.tables, exp.workload.T)
     positions = split_report(kernels, datasets, per_point)
     if positions is None:
         run.log(f"profile {variant}: the shared report does not hold {per_point} kernel(s) of each of "
@@ -280,7 +280,7 @@ def _run_point(run: RunDir, exp: ExperimentConfig, v: str, d: str, settings: Pro
         # NVTX scoping matched nothing: scope by launch order instead, skipping every launch
         # the kernel filter matches before the profiled ones (the check's reference included)
         skip = launches_before_profiled(v, exp.workload.T, exp.bench.warmup)
-        count = min(exp.profile.tables, exp.workload.T) * matching_launches(v)
+        count = profiled_launches(v, exp.profile.tables, exp.workload.T)
         argv = build_argv(settings.ncu, ncu_options(exp, sm, fallback=True), export, target)
         i_k = argv.index("-k")
         argv[i_k:i_k] = ["--launch-skip", str(skip), "--launch-count", str(count)]

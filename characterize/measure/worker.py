@@ -34,10 +34,13 @@ from characterize.hardware.devices import require_gpu, sample_clocks, throttle_v
 from characterize.hardware.specs import REFERENCE_ARCH, gpu_spec
 from characterize.kernels.check import tolerance
 from characterize.kernels.library import (
+    BagOutputs,
     QuantizedTable,
+    TableBatch,
     TableKernel,
     as_dtype,
     bind,
+    bind_tables,
     check_indices,
     close_all,
     dequantize,
@@ -52,12 +55,16 @@ from characterize.units import format_bytes
 from characterize.workloads.traces import load_dataset
 
 PROFILE_RANGE = "chz-profile"
-#: the kernels ncu profiles (-k regex): ours and PyTorch's embedding-bag kernels, which
-#: the correctness check's float64 reference launches too
-KERNEL_FILTER = "chz_|EmbeddingBag"
+#: the kernels ncu profiles (-k regex): ours, PyTorch's embedding-bag kernels (which the
+#: correctness check's float64 reference launches too) and FBGEMM's TBE forward (training
+#: and inference: split_embedding_codegen_forward_*, nbit::INT8_split_embedding_codegen_forward_*;
+#: its bounds-check kernel is timed by bench but not profiled)
+KERNEL_FILTER = "chz_|EmbeddingBag|split_embedding_codegen_forward"
 #: what torch.nn.functional.embedding_bag launches on the GPU for a forward sum/mean
 #: (the torch variant's lookup and the check's float64 reference)
 TORCH_EMBEDDING_BAG_KERNEL = "EmbeddingBag_updateOutputKernel_sum_mean"
+#: what FBGEMM's TBE forward launches for the lookup (the filter's name for it)
+FBGEMM_FORWARD_KERNEL = "split_embedding_codegen_forward"
 #: bench never locks clocks: it runs at the GPU's own clocks, sampled by NVML around each
 #: point; profile follows the same policy by default (ProfileConfig.clock_control "none")
 BENCH_CLOCK_CONTROL = "none"
@@ -214,6 +221,8 @@ def bench_point(session: Session, variant: str, dataset: str,
                 batches: list[list[tuple[torch.Tensor, torch.Tensor]]]) -> dict[str, Any]:
     """Check, then time one point. The device state it changes is set once, before its
     check, and restored after its last timed batch (device_state)."""
+    if get_variant(variant).batched:  # one launch per batch (tbe): see "Batched variants" below
+        return bench_batched_point(session, variant, dataset, batches)
     kernels, mapped = session.bind(variant, batches)
     try:
         with device_state(kernels, session.exp.bench.l2_set_aside) as set_aside:
@@ -328,14 +337,25 @@ def run_bench(run_dir: Path, points: list[tuple[str, str]], backend: str) -> int
 def variant_launches(variant: str) -> list[str]:
     """The kernels one table of one batch launches, in order (what ncu's -k filter sees)."""
     v = get_variant(variant)
+    if v.peer == "fbgemm":
+        return [FBGEMM_FORWARD_KERNEL]
     if v.entry is None:
         return [TORCH_EMBEDDING_BAG_KERNEL]
     return (["chz_l2_pin_kernel"] if v.l2 == "prefetch" else []) + [v.kernel or v.entry]
 
 
 def matching_launches(variant: str, kernel_filter: str = KERNEL_FILTER) -> int:
-    """Launches per table and batch that the kernel filter matches."""
+    """Launches per table and batch that the kernel filter matches (a batched variant's: per
+    batch, one launch covering every table)."""
     return sum(bool(re.search(kernel_filter, name)) for name in variant_launches(variant))
+
+
+def profiled_launches(variant: str, profile_tables: int, tables: int) -> int:
+    """Launches one point's profiled range holds: each profiled table's, or a batched
+    variant's one launch covering them all."""
+    if get_variant(variant).batched:
+        return matching_launches(variant)
+    return min(profile_tables, tables) * matching_launches(variant)
 
 
 def launches_before_profiled(variant: str, tables: int, warmup: int, kernel_filter: str = KERNEL_FILTER) -> int:
@@ -344,8 +364,10 @@ def launches_before_profiled(variant: str, tables: int, warmup: int, kernel_filt
     then the float64 reference, torch's embedding_bag on the device), then `warmup`
     batches of every table. What `ncu --launch-skip` must skip when NVTX cannot scope."""
     reference = int(bool(re.search(kernel_filter, TORCH_EMBEDDING_BAG_KERNEL)))
-    per_batch = matching_launches(variant, kernel_filter)
-    return tables * (per_batch + reference) + warmup * tables * per_batch
+    per_launch = matching_launches(variant, kernel_filter)
+    if get_variant(variant).batched:   # one launch for every table; the check's references are per table
+        return per_launch + tables * reference + warmup * per_launch
+    return tables * (per_launch + reference) + warmup * tables * per_launch
 
 
 def profile_point(session: Session, variant: str, dataset: str,
@@ -354,6 +376,8 @@ def profile_point(session: Session, variant: str, dataset: str,
     tables under NVTX: the device state set as bench sets it, the check (not a warm-up),
     the same warm-up batches with the same hot rows, then the profiled launches.
     Returns how many tables were profiled."""
+    if get_variant(variant).batched:  # one launch per batch (tbe, fbgemm): see "Batched variants" below
+        return profile_batched_point(session, variant, dataset, batches)
     prof = session.exp.profile
     kernels, mapped = session.bind(variant, batches)
     try:
@@ -395,6 +419,149 @@ def run_profile_target(run_dir: Path, variant: str, datasets: list[str], backend
         print(f"profiled {variant} {dataset}: {n} table launch(es) after {session.warmup} warm-up batch(es)",
               flush=True)
     return 0
+
+
+# ------------------------------------------------------------------ batched variants
+# A variant whose one launch covers every table of a batch (tbe). A per-table variant is timed
+# as T launches per batch, each between its own events; a batched variant's batch is one launch
+# (one per dtype group), so it is timed as one launch per batch (CUDA events around the batch,
+# behind the same delay kernel, through measure.timing.time_point unchanged) and its per-table
+# figures are the batch's / T. The rest follows the per-table path: checked against torch on
+# the point's first batch before anything is timed, the same warm-up, modes, clocks and record.
+Batches = list[list[tuple[torch.Tensor, torch.Tensor]]]
+
+
+class BatchLauncher:
+    """A whole batch as one `time_point` unit: `launch(b, ...)` runs prepared batch b of
+    every table (outputs allocated once, before timing); nothing runs before it."""
+
+    hot_rows = None
+    library = None   # time_point then leaves the outputs to this launcher
+
+    def __init__(self, tb: TableBatch, mapped: list[list[tuple[torch.Tensor, torch.Tensor]]]):
+        self.tb, self.mapped = tb, mapped
+        self.weight = tb.weights[0]      # time_point takes its device from here
+        # one buffer per table for the largest batch; each batch writes a prefix of it
+        largest = [(max(int(row[t][0].numel()) for row in mapped), max(int(row[t][1].numel()) for row in mapped))
+                   for t in range(tb.T)]
+        dev = self.weight.device
+        full = [BagOutputs(torch.empty(B, D, dtype=torch.float32, device=dev), torch.empty(N, dtype=torch.int64, device=dev),
+                           torch.empty(B, dtype=torch.int64, device=dev)) for (N, B), D in zip(largest, tb.dims)]
+        self.outputs = [[BagOutputs(f.output[:off.numel()], f.offset2bag[:idx.numel()], f.bag_size[:off.numel()])
+                         for f, (idx, off) in zip(full, row)] for row in mapped]
+
+    def prepass(self) -> None:
+        """No pre-pass: the launch changes no device state."""
+
+    def launch(self, b: int, _offsets: Any = None, out: Any = None) -> list[BagOutputs]:
+        return self.tb.launch(self.mapped[b], self.outputs[b])
+
+
+def bind_batch(session: Session, variant: str, batches: Batches) -> tuple[TableBatch, Batches]:
+    """The variant bound to every table of the session, and every batch mapped once (indices
+    and offsets in the launch's index type)."""
+    tb = bind_tables(variant, session.tables, params=session.exp.params_for(variant), mode=session.workload.mode,
+                     backend=session.backend, gpu=session.gpu)
+    return tb, [tb.map_batch(row) for row in batches]
+
+
+def check_batch(tb: TableBatch, mapped: Batches, variant: str) -> dict[str, Any]:
+    """Check before timing, as worker.check_point does per table: the first batch, every table,
+    in one launch per dtype group, compared with torch in float64 over the rows it reads.
+    Returns {passed, max_abs_err, tolerance, table}: the worst table's numbers."""
+    outs = tb.launch(mapped[0])
+    if mapped[0] and mapped[0][0][0].is_cuda:
+        torch.cuda.synchronize(mapped[0][0][0].device)
+    worst: dict[str, Any] = {"passed": True, "max_abs_err": 0.0, "tolerance": float("inf"), "table": -1}
+    worst_ratio = -1.0
+    for t, ((idx, off), out) in enumerate(zip(mapped[0], outs)):
+        idx, off = idx.long(), off.long()
+        rows, inverse = torch.unique(idx, return_inverse=True)
+        w = tb.weights[t][rows]
+        wide = (dequantize(QuantizedTable(w, tb.dims[t], tb.dtypes[t])) if tb.dtypes[t].startswith("int8")
+                else w.float()).double()
+        ref = torch.nn.functional.embedding_bag(inverse, wide, off, mode=tb.mode)
+        B = int(off.numel())
+        err = float((out.output[:B].double() - ref).abs().max()) if B and idx.numel() else 0.0
+        lengths = torch.diff(torch.cat([off, torch.tensor([idx.numel()], device=off.device)]))
+        tol = tolerance(tb.dtypes[t], variant, int(lengths.max()) if B else 1,
+                        float(wide.abs().max()) if wide.numel() else 0.0)
+        if err / tol > worst_ratio:
+            worst_ratio = err / tol
+            worst = {"passed": err <= tol, "max_abs_err": err, "tolerance": tol, "table": t}
+        if err > tol:
+            break
+    return worst
+
+
+def _mismatch(variant: str, dataset: str, check: dict[str, Any], what: str) -> CheckMismatch:
+    err = CheckMismatch(f"{variant} does not match torch on {dataset} (table {check['table']}, batch 0): "
+                        f"max |error| {check['max_abs_err']:.3g} > tolerance {check['tolerance']:.3g}; not {what}")
+    err.check = check  # type: ignore[attr-defined]
+    return err
+
+
+def bench_batched_point(session: Session, variant: str, dataset: str, batches: Batches) -> dict[str, Any]:
+    """worker.bench_point for a batched variant: the same record, its batch one launch."""
+    tb, mapped = bind_batch(session, variant, batches)
+    check = check_batch(tb, mapped, variant)
+    if not check["passed"]:
+        raise _mismatch(variant, dataset, check, "timed")
+    library = next(iter(tb.libraries.values()), None)   # FBGEMM's batch has no library of ours
+    flusher = L2Flusher(session.device, session.gpu.l2_bytes, library) if "cold" in session.exp.bench.modes else None
+    eff_bytes = bytes_per_table(batches, session.workload.row_bytes)
+    launcher = BatchLauncher(tb, mapped)
+    units = [[(b, None)] for b in range(len(mapped))]   # time_point's batch b: one launcher, one unit
+    clocks = {"before": sample_clocks(session.nvml_index)}
+    timed = [(mode, time_point([launcher], units, mode, session.exp.bench, flusher, outputs=[None],
+                               max_sm_clock_MHz=session.gpu.boost_clock_MHz))
+             for mode in session.exp.bench.modes]
+    clocks["after"] = sample_clocks(session.nvml_index)
+    T = tb.T
+    summary, reps, per_table = [], [], {}
+    for mode, res in timed:
+        k, tm = res["kernel"], res["timing"]
+        per_table_us = k.mean / T
+        summary.append({
+            "mode": mode, "per_batch_us": k.mean, "per_table_us": per_table_us, "ci95_us": k.ci95 / T,
+            "rel_ci": k.rel_ci, "rel_std": k.rel_std, "stable": k.stable, "reps": k.n,
+            "median_per_table_us": k.median / T, "min_per_table_us": k.min / T, "prepass_per_table_us": 0.0,
+            "per_table_incl_prepass_us": per_table_us, "ci95_incl_prepass_us": k.ci95 / T,
+            "bytes_per_table": eff_bytes, "effective_GBps": eff_bytes / per_table_us / 1e3,
+            "hbm_pct": 100 * eff_bytes / per_table_us / 1e3 / session.gpu.hbm_GBps,
+            "timing_method": tm["method"], "gap_free": tm["gap_free"], "host_bound_reps": tm["host_bound_reps"],
+            "host_launch_us": tm["host_enqueue_per_launch_us"], "launch_gap_us": tm["launch_gap_per_launch_us"],
+            "flush_bytes": tm["flush_bytes"], "seconds": res["seconds"], "launches_per_batch": tb.launches,
+            "per_launch_us": tm["per_launch_us"], "timed_unit": tm["unit"]})
+        reps += res["repetitions"]
+        per_table[mode] = [k.mean / T] * T   # one launch: no per-table split exists
+    return {"status": "ok", "backend": session.backend, "gpu": session.gpu.name, "params": tb.params,
+            "hot_rows": 0, "window": {}, "check": check, "clock_control": BENCH_CLOCK_CONTROL, "clocks": clocks,
+            "throttle": throttle_verdict(clocks), "l2_set_aside": {}, "identity": session.identity,
+            "summary": summary, "repetitions": reps, "per_table_mean_us": per_table,
+            "launch": tb.last_launch()}
+
+
+def profile_batched_point(session: Session, variant: str, dataset: str, batches: Batches) -> int:
+    """worker.profile_point for a batched variant: the check (not a warm-up), the same
+    warm-up batches as bench, then the first timed batch's one launch (per dtype group)
+    inside the profiled range, named as table 0 (it covers every table). Returns the
+    tables that launch covered."""
+    tb, mapped = bind_batch(session, variant, batches)
+    try:
+        check = check_batch(tb, mapped, variant)
+        if not check["passed"]:
+            raise _mismatch(variant, dataset, check, "profiled")
+        for w in range(session.warmup):
+            tb.launch(mapped[w % len(mapped)])
+        with nvtx_range(PROFILE_RANGE):
+            with nvtx_range(nvtx_name(variant, dataset, 0)):
+                tb.launch(mapped[timed_batch_index(session.warmup, len(mapped), 0)])
+        if session.device.type == "cuda":
+            torch.cuda.synchronize()
+    finally:
+        tb.close()
+    return tb.T
 
 
 def main(argv: list[str] | None = None, *, supervised: bool = False) -> int:

@@ -96,3 +96,25 @@ def test_a_missing_fbgemm_is_named_with_what_to_install(monkeypatch):
 def test_fbgemm_refuses_d_not_a_multiple_of_4_before_loading_anything():
     with pytest.raises(UnsupportedShape, match="multiple of 4"):
         run_variant("fbgemm", torch.randn(10, 6), torch.tensor([1]), torch.tensor([0]), backend="emulate")
+
+
+@needs_fbgemm
+@pytest.mark.parametrize("dtype", ["fp32", "int8h"])
+def test_every_table_in_one_forward(dtype):
+    """bind_tables: one FBGEMM module for T tables, one forward per batch; each table's
+    output matches torch on its own table."""
+    from characterize.kernels.library import bind_tables, dequantize
+
+    tables = [make_table(dtype, E, 36, seed=E) for E in (1009, 211, 127)]
+    batch = []
+    for t, W in enumerate(tables):
+        idx, off = odd_batch(B=23, E=W.shape[0], seed=t)
+        batch.append((idx, off))
+    tb = bind_tables("fbgemm", tables, backend="emulate")
+    assert tb.T == 3 and tb.launches == 1
+    outs = tb.launch(tb.map_batch(batch))
+    for W, (idx, off), out in zip(tables, batch, outs):
+        ref = torch.nn.functional.embedding_bag(idx, dequantize(W), off, mode="sum")
+        assert torch.allclose(out.output, ref, atol=1e-4), dtype
+    with pytest.raises(UnsupportedShape, match="same number of bags"):
+        tb.map_batch([batch[0], batch[1], (batch[2][0][:5], torch.tensor([0, 2]))])

@@ -17,6 +17,7 @@ from characterize.kernels.library import (
     hot_rows_by_frequency,
     load_library,
     run_variant,
+    unavailable,
 )
 from characterize.kernels.registry import VARIANTS, get_variant, warp_group
 from characterize.workloads.traces import generate
@@ -39,9 +40,14 @@ def table(config, seed=0):
 @pytest.mark.parametrize("preset", PRESETS)
 def test_every_variant_matches_torch_on_odd_shapes(preset):
     results = check_variants(PUBLIC, [preset], WorkloadConfig.tiny(), modes=("sum", "mean"), backend="emulate")
-    # one batch per variant and mode, plus the cache over several batches (eviction)
-    assert len([r for r in results if "batches=" not in r.shape]) == 2 * len(PUBLIC)
+    # one batch per variant and mode, plus the cache over several batches (eviction) and the
+    # table-batched variant on a batch of three tables of different shapes (one launch)
+    single = [r for r in results if "batches=" not in r.shape and not r.shape.startswith("T=")]
+    assert len(single) == 2 * len(PUBLIC)
     assert len([r for r in results if "batches=" in r.shape]) == 2
+    # ours mixes dtypes in one launch; FBGEMM (where installed) holds one precision per module
+    batched = [v for v in PUBLIC if get_variant(v).batched and unavailable(v, "emulate") is None]
+    assert len([r for r in results if r.shape.startswith("T=3 ")]) == 2 * 3 * len(batched)
     bad = [r for r in results if not r.passed]
     assert not bad, bad
 

@@ -8,7 +8,7 @@ import pytest
 
 from characterize.measure.worker import main, nvtx_name
 from characterize.pipeline import load_experiment, open_experiment_run
-from characterize.store import load_run
+from characterize.store import RunDir, load_run
 from tests.conftest import HAS_GPU, write_experiment
 
 
@@ -267,3 +267,70 @@ def test_uvm_runs_in_either_mode_and_the_point_says_which(tmp_path):
     assert main(["bench", str(out_dir), "--point", "uvm:medium", "--backend", "emulate"]) == 0
     point = load_run(out_dir).points("bench")[0]
     assert point["status"] == "ok" and point["uvm"]["mode"] == "zero-copy" and point["params"] == {"migrate": 0}
+def test_a_batched_variant_is_timed_one_launch_per_batch_and_reported_per_table(tmp_path, capsys):
+    """tbe's batch is one launch: a repetition is that launch, per-table figures are the batch's / T;
+    its profile target launches the whole batch once inside the profiled range."""
+    exp, out = _run(tmp_path, variants=("tbe",))
+    assert main(["bench", str(out), "--point", "tbe:medium", "--backend", "emulate"]) == 0
+    point = load_run(out).points("bench")[0]
+    assert point["status"] == "ok" and point["check"]["passed"], point.get("error")
+    assert point["launch"]["fp32"]["path"] == "long" and point["params"]["index_bits"] == 32
+    for row in point["summary"]:
+        assert row["launches_per_batch"] == 1
+        assert row["per_table_us"] == pytest.approx(row["per_batch_us"] / exp.workload.T)
+        assert row["per_table_incl_prepass_us"] == row["per_table_us"] and row["prepass_per_table_us"] == 0
+    assert {r["rep"] for r in point["repetitions"] if r["mode"] == "steady"} >= {0, 1, 2}
+    prof = open_experiment_run(exp, tmp_path / "prof", "profile", False, None, backend="emulate")
+    assert main(["profile", str(prof.path), "--variant", "tbe", "--dataset", "medium", "--backend", "emulate"]) == 0
+    said = capsys.readouterr().out
+    assert said.count("NVTX push chz/tbe/medium/0") == 1 and f"profiled tbe medium: {exp.workload.T} table" in said
+
+
+def test_the_ncu_kernel_filter_matches_the_batched_kernel():
+    import re
+
+    from characterize.kernels.registry import get_variant
+    from characterize.measure.worker import KERNEL_FILTER, launches_before_profiled, profiled_launches
+
+    assert re.search(KERNEL_FILTER, get_variant("tbe").kernel_name({}, 128))
+    # FBGEMM's forward kernels, training and inference, by their demangled names
+    for name in ("split_embedding_codegen_forward_unweighted_kernel<float, float, float, false, long, 1ul, 32ul>",
+                 "nbit::INT8_split_embedding_codegen_forward_unweighted_kernel_small_L<long, float, 2ul, 4ul>"):
+        assert re.search(KERNEL_FILTER, name)
+    assert profiled_launches("tbe", 4, 12) == 1 and profiled_launches("l2p", 4, 12) == 8
+    assert profiled_launches("base", 4, 3) == 3 and profiled_launches("fbgemm", 4, 12) == 1
+    # the check (one launch, then a float64 reference per table), then one launch per warm-up batch
+    assert launches_before_profiled("tbe", 12, 2) == 1 + 12 + 2
+
+
+@pytest.mark.skipif(not __import__("characterize.kernels.fbgemm", fromlist=["available"]).available(),
+                    reason="fbgemm_gpu is not installed (the test extra has fbgemm-gpu-cpu on Linux x86_64)")
+def test_fbgemm_is_timed_one_forward_for_every_table(tmp_path, capsys):
+    """FBGEMM's TBE through its own module (its CPU build here): checked against torch, then
+    timed as one forward per batch covering every table, reported per table as batch / T;
+    its profile target runs that forward once inside the profiled range."""
+    exp, out = _run(tmp_path, variants=("fbgemm",))
+    assert main(["bench", str(out), "--point", "fbgemm:medium", "--backend", "emulate"]) == 0
+    point = load_run(out).points("bench")[0]
+    assert point["status"] == "ok" and point["check"]["passed"], point.get("error")
+    assert point["launch"]["fbgemm"]["tables"] == exp.workload.T
+    for row in point["summary"]:
+        assert row["launches_per_batch"] == 1
+        assert row["per_table_us"] == pytest.approx(row["per_batch_us"] / exp.workload.T)
+    prof = open_experiment_run(exp, tmp_path / "prof", "profile", False, None, backend="emulate")
+    assert main(["profile", str(prof.path), "--variant", "fbgemm", "--dataset", "medium", "--backend", "emulate"]) == 0
+    said = capsys.readouterr().out
+    assert said.count("NVTX push chz/fbgemm/medium/0") == 1
+
+
+def test_a_variant_that_cannot_run_here_is_skipped_in_one_line(tmp_path, monkeypatch):
+    from characterize import pipeline
+    from characterize.kernels import fbgemm, library
+
+    monkeypatch.setattr(library, "fbgemm_available", lambda: False)
+    exp, out = _run(tmp_path, variants=("base", "fbgemm"))
+    said: list[str] = []
+    kept = pipeline.measurable(exp, "emulate", "bench", said.append, RunDir(out))
+    assert kept.variants == ("base",)
+    assert said == [f"bench: fbgemm skipped: FBGEMM is not installed ({fbgemm.INSTALL_HINT})"]
+    assert "bench fbgemm: skipped" in (out / "log.txt").read_text()

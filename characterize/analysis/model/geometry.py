@@ -102,6 +102,17 @@ def per_bag(samples: Mapping[Any, float], lengths: np.ndarray) -> np.ndarray:
     return np.maximum(out, 0.0)
 
 
+def run_lengths(lengths: np.ndarray, bags: int, run: int) -> np.ndarray:
+    """The lookups of each run of `run` consecutive bags (within each batch of `bags` bags):
+    what one lane group gathers as one stream on tbe's short path; the bags themselves
+    when run is 1."""
+    if run <= 1 or lengths.size == 0:
+        return lengths
+    per_batch = lengths.reshape(-1, bags) if bags and lengths.size % bags == 0 else lengths.reshape(1, -1)
+    starts = np.arange(0, per_batch.shape[1], run)
+    return np.add.reduceat(per_batch, starts, axis=1).reshape(-1)
+
+
 def launch_shape(k: KernelFacts, gpu: GpuSpec, wl: WorkloadConfig, bags: int, tables_per_launch: int
                  ) -> dict[str, Any]:
     """Tasks, blocks and resident block slots of one launch, as the kernel's launcher
@@ -116,8 +127,9 @@ def launch_shape(k: KernelFacts, gpu: GpuSpec, wl: WorkloadConfig, bags: int, ta
         block_num, block_den = chunks, wpb
     else:
         per_warp = max(1, 32 // k.lanes_per_bag)
-        tasks = -(-bags_launch // per_warp)
-        block_num, block_den = 1, wpb * per_warp
+        runs = -(-bags_launch // max(1, k.run_bags))   # tbe's short path: a group gathers K bags as one stream
+        tasks = -(-runs // per_warp)
+        block_num, block_den = 1, wpb * per_warp * max(1, k.run_bags)
     needed = -(-tasks // wpb)
     slots = k.blocks_per_sm * gpu.sm_count
     if k.grid == PERSISTENT:
@@ -165,7 +177,8 @@ def _of_dtype(df: pd.DataFrame, dtype: str, what: str) -> pd.DataFrame:
 
 
 def kernel_facts(v: Variant, gpu: GpuSpec, wl: WorkloadConfig, static: pd.DataFrame | None,
-                 sass: pd.DataFrame | None, custom: Mapping[str, KernelFacts] | None = None) -> KernelFacts:
+                 sass: pd.DataFrame | None, custom: Mapping[str, KernelFacts] | None = None,
+                 params: Mapping[str, Any] | None = None) -> KernelFacts:
     """The facts the model uses for variant `v` on `gpu`: a user's kernel (`custom`),
     a peer's (PyTorch's, FBGEMM's: kernels.peers), or ours (static and SASS rows)."""
     if custom and v.name in custom:
@@ -180,7 +193,7 @@ def kernel_facts(v: Variant, gpu: GpuSpec, wl: WorkloadConfig, static: pd.DataFr
         raise ConfigError("the model needs each variant's hot loop read from its SASS (rows in flight, "
                           "instructions per lookup); pass sass= rows (a run's sass.csv), or call "
                           "characterize.pipeline.predict, which disassembles the builds")
-    return ours(v, gpu, wl, _of_dtype(static, wl.dtype, "static"), _of_dtype(sass, wl.dtype, "SASS"))
+    return ours(v, gpu, wl, _of_dtype(static, wl.dtype, "static"), _of_dtype(sass, wl.dtype, "SASS"), params)
 
 
 def _prepare(workload: WorkloadConfig, datasets: Sequence[str], variants: Sequence[str], gpus: Sequence[GpuSpec],
@@ -226,7 +239,7 @@ def _prepare(workload: WorkloadConfig, datasets: Sequence[str], variants: Sequen
                 key = (name, gpu.key)
                 if key not in facts:
                     try:
-                        facts[key] = kernel_facts(v, gpu, workload, static_df, sass_df, custom)
+                        facts[key] = kernel_facts(v, gpu, workload, static_df, sass_df, custom, params.get(name))
                     except ConfigError as e:
                         if name == "base" or skipped is None:
                             raise
@@ -235,8 +248,9 @@ def _prepare(workload: WorkloadConfig, datasets: Sequence[str], variants: Sequen
                 k = facts[key]
                 tpl = workload.T if k.tables_per_launch == "all" else 1
                 geo = launch_shape(k, gpu, workload, prof.bags, tpl)
-                lat = per_bag(k.bag_latencies, lengths)
-                ins = per_bag(k.bag_instructions, lengths)
+                runs = run_lengths(lengths, prof.bags, k.run_bags)
+                lat = per_bag(k.bag_latencies, runs)
+                ins = per_bag(k.bag_instructions, runs)
                 task_lat, task_ins = float(lat.mean()), float(ins.mean())
                 p = v.resolve_params(params.get(name), gpu=gpu, row_bytes=workload.row_bytes, rows=workload.E)
                 rs = sectors_per_row(workload.row_bytes) * SECTOR

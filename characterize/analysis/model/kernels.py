@@ -28,7 +28,7 @@ from characterize.errors import ConfigError
 from characterize.hardware.specs import ARCHS, GpuSpec, nearest_arch
 from characterize.kernels.occupancy import theoretical_occupancy
 from characterize.kernels.peers import PEER_VERSIONS, peer_kernel
-from characterize.kernels.registry import Variant, warp_group
+from characterize.kernels.registry import TBE_SOURCE, Variant, bag_lanes, tbe_path
 from characterize.kernels.sass import interpolate
 
 #: block slots that tasks-sized grids of a persistent kernel fill: SMs x resident blocks
@@ -63,6 +63,7 @@ class KernelFacts:
     load_bits: Mapping[Any, int] = field(default_factory=dict)
     row_load_bits: int = 0       # width of one lane's row load: with the lanes sharing a row, the contiguous
                                  # bytes one warp request reads
+    run_bags: int = 1            # consecutive bags a lane group gathers as one stream (tbe's short path)
 
     def request_bytes(self, row_bytes: int) -> float:
         """Contiguous bytes of a row one warp request reads: 32 lanes' loads for a thread
@@ -107,7 +108,8 @@ def _int(v: Any) -> int:
         return 0
 
 
-def ours(v: Variant, gpu: GpuSpec, wl: WorkloadConfig, static: pd.DataFrame, sass: pd.DataFrame) -> KernelFacts:
+def ours(v: Variant, gpu: GpuSpec, wl: WorkloadConfig, static: pd.DataFrame, sass: pd.DataFrame,
+         params: Mapping[str, Any] | None = None) -> KernelFacts:
     """Our compiled variant (or a host-resident one, which runs base's kernel) from the
     static and SASS rows of its build."""
     name = v.name if v.compiled and v.host == "none" else "base"
@@ -129,18 +131,26 @@ def ours(v: Variant, gpu: GpuSpec, wl: WorkloadConfig, static: pd.DataFrame, sas
     if not lat:
         raise ConfigError(f"the SASS rows of {name} carry no loop-nest figures (bag_latencies): they were written "
                           "by an older version; run `characterize run` or `characterize sass` again")
-    bag = v.block[1] == 1   # a one-dimensional block: lanes share bags (warp); 32 x 8: a thread per feature
-    lanes = warp_group(wl.D, wl.dtype) if bag else 32
+    bag = v.block[1] == 1   # a one-dimensional block: lanes share bags (warp, tbe); 32 x 8: a thread per feature
+    lanes = bag_lanes(v, wl.D, wl.dtype) if bag else 32
+    run_bags, note = 1, ""
+    if v.source == TBE_SOURCE:   # the launcher's path for this trace's bags: runs of K bags on the short one
+        short, run_bags, _ = tbe_path(wl.L.mean * wl.B, wl.B, wl.D, params)
+        if short:
+            note = (f"tbe's short path: runs of {run_bags} bags gathered as one stream, modelled with the long "
+                    "path's loop nest at the run's length")
     return KernelFacts(
         variant=v.name, arch=gpu.arch, code_arch=code_arch, source="ours", work="bag" if bag else "chunk",
         lanes_per_bag=lanes, chunk_features=v.block[0], block_threads=v.block_size,
         grid=PERSISTENT if getattr(v, "persistent", False) else v.grid,
-        tables_per_launch=getattr(v, "tables_per_launch", "one"), registers=int(s["registers"]),
+        tables_per_launch="all" if v.batched else "one", registers=int(s["registers"]),
         shared_mem=int(s["shared_mem"]), blocks_per_sm=occ.blocks_per_sm,
         rows_in_flight=float(k.get("rows_in_flight") or 1.0), bag_latencies=lat,
         bag_instructions=_json(k.get("bag_instructions")), offset2bag=getattr(v, "offset2bag", True),
         output_bytes=4, symbol=str(k.get("kernel", "")),
-        note="" if code_arch == gpu.arch else f"code facts of {code_arch} (no build for {gpu.arch})",
+        note="; ".join(n for n in (note, "" if code_arch == gpu.arch else f"code facts of {code_arch} (no build "
+                                    f"for {gpu.arch})") if n),
+        run_bags=run_bags,
         load_bits=_json(k.get("load_bits")), row_load_bits=_int(k.get("row_load_bits")))
 
 

@@ -43,7 +43,7 @@ def _frame(points: Sequence[_Point], consts: Mapping[str, tuple[ModelConstants, 
         lo = max(lo, out["floor_us"] + c.launch_overhead_us)
         k = p.kernel
         per_bag = p.lookups / max(p.bags, 1)   # a task gathers every lookup of its bag (or of 32 / lanes bags)
-        per_task = per_bag * (32 // max(1, k.lanes_per_bag) if k.work == "bag" else 1)
+        per_task = per_bag * (32 // max(1, k.lanes_per_bag) * max(1, k.run_bags) if k.work == "bag" else 1)
         rows.append({"variant": p.variant, "dtype": p.dtype, "dataset": p.dataset, "arch": p.gpu.arch,
                      "gpu": p.gpu.key, "mode": p.mode, "constants": label, "kernel_source": k.source,
                      "code_arch": k.code_arch, "tables_per_launch": p.tables_per_launch,
