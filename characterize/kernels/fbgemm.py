@@ -64,10 +64,12 @@ def build_variant() -> str:
     return "cpu" if getattr(root, "__variant__", "") == "cpu" else "cuda"
 
 
-def _module(weights: Sequence[torch.Tensor], dims: Sequence[int], dtype: str, mode: str) -> Any:
+def _module(weights: Sequence[torch.Tensor], dims: Sequence[int], dtype: str, mode: str,
+            bounds_check: bool = True) -> Any:
     """One FBGEMM TBE module holding every table (FBGEMM allocates its own weights; ours
     are copied in once): the training TBE for fp32/fp16/bf16, the inference TBE for int8
-    rows with an fp16 scale and bias."""
+    rows with an fp16 scale and bias. `bounds_check`: FBGEMM's default check of every index,
+    a kernel of its own before the lookup (BoundsCheckMode.WARNING), or none."""
     root, training, inference, common, configs = _modules()
     on_gpu = weights[0].is_cuda
     if on_gpu and build_variant() == "cpu":
@@ -81,10 +83,12 @@ def _module(weights: Sequence[torch.Tensor], dims: Sequence[int], dtype: str, mo
     Sparse, Pool, Loc = configs.SparseType, common.PoolingMode, common.EmbeddingLocation
     pooling = Pool.MEAN if mode == "mean" else Pool.SUM
     where = Loc.DEVICE if on_gpu else Loc.HOST
+    check = common.BoundsCheckMode.WARNING if bounds_check else common.BoundsCheckMode.NONE
     if dtype == "int8h":
         module = inference.IntNBitTableBatchedEmbeddingBagsCodegen(
             embedding_specs=[(f"t{t}", w.shape[0], D, Sparse.INT8, where) for t, (w, D) in enumerate(zip(weights, dims))],
-            device=weights[0].device if on_gpu else "cpu", pooling_mode=pooling, output_dtype=Sparse.FP32)
+            device=weights[0].device if on_gpu else "cpu", pooling_mode=pooling, output_dtype=Sparse.FP32,
+            bounds_check_mode=check)
         module.initialize_weights()
         # our int8h rows: D values, then the fp16 scale and bias, as FBGEMM keeps them
         module.assign_embedding_weights([(w[:, :D].contiguous(), w[:, D:D + 4].contiguous())
@@ -95,7 +99,7 @@ def _module(weights: Sequence[torch.Tensor], dims: Sequence[int], dtype: str, mo
             embedding_specs=[(w.shape[0], D, where, training.ComputeDevice.CUDA if on_gpu else
                               training.ComputeDevice.CPU) for w, D in zip(weights, dims)],
             weights_precision=precision, pooling_mode=pooling, optimizer=configs.EmbOptimType.EXACT_SGD,
-            device=weights[0].device)
+            device=weights[0].device, bounds_check_mode=check)
         with torch.no_grad():
             for mine, w, D in zip(module.split_embedding_weights(), weights, dims):
                 mine.copy_(w[:, :D])
@@ -109,11 +113,11 @@ class FbgemmTable:
     The module holds its own copy of the rows (FBGEMM allocates its weights), written
     once from ours: a run with this variant needs the table's memory twice."""
 
-    def __init__(self, weight: torch.Tensor, dim: int, dtype: str, mode: str) -> None:
+    def __init__(self, weight: torch.Tensor, dim: int, dtype: str, mode: str, bounds_check: bool = True) -> None:
         self.quantized = dtype == "int8h"
         self._offsets_key: tuple[int, ...] | None = None
         self._offsets: torch.Tensor | None = None
-        self.module = _module([weight], [dim], dtype, mode)
+        self.module = _module([weight], [dim], dtype, mode, bounds_check)
 
     def indices(self, indices: torch.Tensor) -> torch.Tensor:
         """Indices in the type the module takes (int32 for the inference TBE), once per trace."""
@@ -154,12 +158,12 @@ class FbgemmBatch:
     without variable batch sizes)."""
 
     def __init__(self, variant: Any, weights: Sequence[torch.Tensor], dims: Sequence[int], dtype: str,
-                 mode: str) -> None:
-        self.variant, self.params, self.mode = variant, {}, mode
+                 mode: str, params: dict[str, int] | None = None) -> None:
+        self.variant, self.params, self.mode = variant, dict(params or {}), mode
         self.weights, self.dims, self.dtypes = list(weights), list(dims), [dtype] * len(weights)
         self.libraries: dict[str, Any] = {}   # nothing of ours is loaded
         self.quantized = dtype == "int8h"
-        self.module = _module(self.weights, self.dims, dtype, mode)
+        self.module = _module(self.weights, self.dims, dtype, mode, bool(self.params.get("bounds_check", 1)))
 
     @property
     def T(self) -> int:
@@ -169,6 +173,11 @@ class FbgemmBatch:
     def launches(self) -> int:
         """FBGEMM's forward launches per batch that do the lookup (its bounds check aside)."""
         return 1
+
+    @property
+    def kernels_per_forward(self) -> int:
+        """Kernels one forward launches: the lookup, and the bounds check unless turned off."""
+        return 1 + int(bool(self.params.get("bounds_check", 1)))
 
     def map_batch(self, batch: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The batch as each table's (indices, offsets), with the packed form FBGEMM takes:

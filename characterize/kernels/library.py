@@ -575,7 +575,9 @@ def bind(variant: str | Variant, weight: Table, *, trace: torch.Tensor | None = 
     if v.peer == "fbgemm":
         if padding_idx is not None:
             raise UnsupportedShape("FBGEMM's TBE has no padding_idx (it prunes rows with index remapping instead)")
-        return TableKernel(v, {}, weight, None, None, mode, None, dtype, D, peer=FbgemmTable(weight, D, dtype, mode))
+        p = v.resolve_params(params)
+        return TableKernel(v, p, weight, None, None, mode, None, dtype, D,
+                           peer=FbgemmTable(weight, D, dtype, mode, bool(p.get("bounds_check", 1))))
     if v.entry is None:
         return TableKernel(v, {}, weight, None, None, mode, padding_idx, dtype, D)
     arch = None
@@ -874,7 +876,7 @@ def bind_tables(variant: str | Variant, weights: Sequence[Table], *, params: dic
         if len(set(dtypes)) != 1:
             raise UnsupportedShape("one FBGEMM TBE module holds tables of one precision; got " + ", ".join(
                 sorted(set(dtypes))))
-        return FbgemmBatch(v, raw, dims, dtypes[0], mode)  # type: ignore[return-value]
+        return FbgemmBatch(v, raw, dims, dtypes[0], mode, v.resolve_params(params))  # type: ignore[return-value]
     if padding_idx is not None and not all(0 <= padding_idx < E for E in rows):
         raise ConfigError(f"padding_idx {padding_idx} outside some table's rows")
     on_gpu = {w.is_cuda for w in raw}

@@ -174,6 +174,9 @@ _SHORT = Param("short", "1: the short-bag path (a group gathers several consecut
                         "at most half a step of rows)", None, 0, 1)
 _BAGS_PER_RUN = Param("bags_per_run", "short path: consecutive bags one group gathers as one stream (default: about "
                                       "lanes per group / mean bag length, per table)", None, 1, 32)
+_BOUNDS_CHECK = Param("bounds_check", "fbgemm: 1 checks every index in a kernel of its own before the lookup, as "
+                                      "FBGEMM does by default (BoundsCheckMode.WARNING); 0 skips it (BoundsCheckMode.NONE)",
+                      1, 0, 1)
 _C = Param("C", "rows of the GPU cache of a host-resident table (default: 1.5% of E, the share at which the "
                 "frequency-aware cache of Fang et al. 2022 reports a decent speed)", None, 1)
 
@@ -214,6 +217,7 @@ register(Variant("fbgemm", "FBGEMM's table-batched embedding forward (TBE, fbgem
                            "table in one launch, a warp per bag, whole rows in 16-byte loads, 32 indices per tile "
                            "broadcast by shuffles (modelled from its own SASS; measured through its Python API when "
                            "fbgemm-gpu is installed)", peer="fbgemm", tables_per_launch=ALL_TABLES, offset2bag=False,
+                 params=(_BOUNDS_CHECK,),
                  block=(512, 1), grid=0, dim_multiple=4, per_sample_weights=True, dtypes=("fp32", "fp16", "bf16", "int8h")))
 register(Variant("base", "PyTorch-style kernel: thread per (bag, feature), 32x8 blocks, grid 1024, scalar loads",
                  entry="chz_forward_base", kernel="chz_base_kernel<false>", per_sample_weights=True))

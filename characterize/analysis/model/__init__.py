@@ -66,7 +66,9 @@ Time
   floor_us: every distinct row once, the streams and the writes at peak bandwidth; no
   prediction or band edge goes below it. A row says how many tables its time covers
   (tables_per_launch); batch_us is a whole batch of T tables, and speedups over base,
-  torch and fbgemm compare batches. The l2p pre-pass is reported apart (prepass_us).
+  torch and fbgemm compare batches. The l2p pre-pass is reported apart (prepass_us);
+  FBGEMM's bounds check, a kernel of its own reading every index before the lookup
+  (its default; params bounds_check=0 turns it off), is in the time.
 
 Constants (ModelConstants): lambda1, lambda2, lambdaD, f, eta, t_launch, p, w, k, s0,
 defaults from hardware.GpuSpec (sources there) or published ranges (constants.BAND);

@@ -109,6 +109,8 @@ def _evaluate(p: _Point, c: ModelConstants) -> dict[str, Any]:
     kernel_ns = norm(terms_ns.values(), c.overlap)
     bound = max(terms_ns, key=terms_ns.get)
     time_us = kernel_ns / 1000 + c.launch_overhead_us
+    if k.index_pass:   # a kernel of its own reads every index and offset first (FBGEMM's bounds check)
+        time_us += c.launch_overhead_us + p.read_stream_bytes * TL / (c.hbm_efficiency * gpu.hbm_GBps) / 1000
     # the traffic no kernel avoids: every distinct row once, the streams, the writes, at peak bandwidth
     compulsory = (p.profile.unique_per_launch * rs * TL + p.read_stream_bytes * TL + writes)
     floor_us = compulsory / gpu.hbm_GBps / 1000

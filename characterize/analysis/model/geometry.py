@@ -184,7 +184,7 @@ def kernel_facts(v: Variant, gpu: GpuSpec, wl: WorkloadConfig, static: pd.DataFr
     if custom and v.name in custom:
         return custom[v.name]
     if v.peer:
-        return peer(v, gpu, wl)
+        return peer(v, gpu, wl, params)
     if static is None or static.empty:
         raise ConfigError("the model needs each variant's static characterization (registers, occupancy); "
                           "pass static= rows (a run's static.csv), or call characterize.pipeline.predict, "

@@ -64,6 +64,7 @@ class KernelFacts:
     row_load_bits: int = 0       # width of one lane's row load: with the lanes sharing a row, the contiguous
                                  # bytes one warp request reads
     run_bags: int = 1            # consecutive bags a lane group gathers as one stream (tbe's short path)
+    index_pass: bool = False     # a kernel of its own reads every index before the lookup (FBGEMM's bounds check)
 
     def request_bytes(self, row_bytes: int) -> float:
         """Contiguous bytes of a row one warp request reads: 32 lanes' loads for a thread
@@ -164,8 +165,9 @@ def peer_dtype(name: str, dtype: str) -> str:
     return PEER_DTYPE.get(name, {}).get(dtype, dtype)
 
 
-def peer(v: Variant, gpu: GpuSpec, wl: WorkloadConfig) -> KernelFacts:
-    """PyTorch's or FBGEMM's kernel for this workload, from peers.csv."""
+def peer(v: Variant, gpu: GpuSpec, wl: WorkloadConfig, params: Mapping[str, Any] | None = None) -> KernelFacts:
+    """PyTorch's or FBGEMM's kernel for this workload, from peers.csv (with FBGEMM's bounds
+    check of every index before the lookup, its default, unless params turn it off)."""
     name = v.peer or ""
     dtype = peer_dtype(name, wl.dtype)
     facts_dtype = "int8" if name == "fbgemm" and dtype == "int8h" else dtype
@@ -192,4 +194,5 @@ def peer(v: Variant, gpu: GpuSpec, wl: WorkloadConfig) -> KernelFacts:
               f"{str(row.get('kernel', ''))[:80]}; wheel {row.get('wheel', '')} sha256 "
               f"{str(row.get('wheel_sha256', ''))[:12]})" + ("" if code_arch == gpu.arch else
                                                           f"; code facts of {code_arch}")),
-        load_bits=_json(row.get("load_bits")), row_load_bits=_int(row.get("row_load_bits")))
+        load_bits=_json(row.get("load_bits")), row_load_bits=_int(row.get("row_load_bits")),
+        index_pass=name == "fbgemm" and bool((params or {}).get("bounds_check", 1)))
