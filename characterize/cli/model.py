@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from characterize.cli.base import main
+from characterize.cli.base import echo, main
 from characterize.errors import ConfigError
 
 #: keys of every object `predict --json` prints
@@ -74,7 +74,7 @@ def predict(experiment: str, archs: str | None, cache_ratio: str | None, dtypes:
     if as_json:
         keys = list(PREDICT_KEYS) + (list(HOST_KEYS) if host.any() else [])
         rows = df[keys].astype(object).where(df[keys].notna(), None).to_dict("records")
-        click.echo(json.dumps(rows, indent=2))
+        echo(json.dumps(rows, indent=2))
         return
     view = df.assign(dram_MB=df["dram_bytes"] / 1e6)
     print_rows(view.to_dict("records"), ["variant", "dtype", "dataset", "arch", "gpu", "time_us", "speedup_vs_base",
@@ -83,13 +83,13 @@ def predict(experiment: str, archs: str | None, cache_ratio: str | None, dtypes:
                                          "loads_in_flight", "constants"])
     grid = precision_grid(df)
     if not grid.empty:
-        click.echo("\nprecision x variant: predicted speedup over fp32 base (geometric mean over datasets):")
+        echo("\nprecision x variant: predicted speedup over fp32 base (geometric mean over datasets):")
         wide = grid.pivot_table(index=["gpu", "dtype"], columns="variant", values="speedup_vs_fp32_base",
                                 sort=False).reset_index()
         print_rows(wide.to_dict("records"), [str(c) for c in wide.columns])
     if host.any():
         h = df[host]
-        click.echo("\nhost-resident tables (per table launch; cache_hit_rate_pct: of a batch's unique rows; "
+        echo("\nhost-resident tables (per table launch; cache_hit_rate_pct: of a batch's unique rows; "
                    "uvm: GPU memory as a cache of 64 KiB pages; pct_of_all_gpu: base's time / this time):")
         row_bytes = h["dtype"].map(lambda dt: exp.workload.replace(dtype=dt).row_bytes)
         sweep = h.assign(cache_pct=100 * h["cache_ratio"], host_MB=h["host_bytes"] / 1e6,
@@ -99,9 +99,9 @@ def predict(experiment: str, archs: str | None, cache_ratio: str | None, dtypes:
                                               "lookup_us", "time_us", "pct_of_all_gpu"])
     notes = sorted(set(df["note"]) - {""})
     for n in notes:
-        click.echo(f"note: {n}")
+        echo(f"note: {n}")
     used = ", ".join(f"{g}: {c}" for g, c in df.groupby("gpu")["constants"].first().items())
-    click.echo(f"\nconstants: {used} (`characterize calibrate RUN_DIR` fits them to a measured run)")
+    echo(f"\nconstants: {used} (`characterize calibrate RUN_DIR` fits them to a measured run)")
     echo_err(f"predicted {len(df)} points in {time.perf_counter() - start:.1f} s")
 
 
@@ -118,12 +118,12 @@ def calibrate(run_dir: Path, gpu: str | None, as_json: bool) -> None:
     cal = fit_and_store(run_dir, gpu, progress=None if as_json else echo_err)
     path = cal.path
     if as_json:
-        click.echo(json.dumps(cal.to_dict() | {"path": str(path)}, indent=2))
+        echo(json.dumps(cal.to_dict() | {"path": str(path)}, indent=2))
         return
     fitted, default = cal.constants.to_dict(), cal.defaults.to_dict()
     rows = [{"constant": k, "default": default[k], "fitted": fitted[k], "fitted/default": fitted[k] / default[k],
              "free": k in cal.fitted} for k in fitted]
     print_rows(rows)
-    click.echo(f"\n{cal.gpu.name}: {cal.points} timed points, {cal.hit_points} L2 hit rates; geometric-mean "
+    echo(f"\n{cal.gpu.name}: {cal.points} timed points, {cal.hit_points} L2 hit rates; geometric-mean "
                f"absolute error {100 * cal.gmae_default:.1f}% with the defaults, {100 * cal.gmae_fitted:.1f}% fitted")
-    click.echo(f"stored in {path}")
+    echo(f"stored in {path}")
