@@ -34,6 +34,7 @@ from characterize.hardware.devices import require_gpu, sample_clocks, throttle_v
 from characterize.hardware.specs import REFERENCE_ARCH, gpu_spec
 from characterize.kernels.check import tolerance
 from characterize.kernels.library import QuantizedTable, TableKernel, as_dtype, bind, check_indices, dequantize
+from characterize.kernels.registry import get_variant
 from characterize.measure.lifeline import EXIT_ORPHANED, die_with_parent, watch_pipe
 from characterize.measure.timing import L2Flusher, preallocate, time_point
 from characterize.memory import check_memory
@@ -102,6 +103,10 @@ class Session:
         if device.type == "cpu":  # emulation holds on the host what a GPU would, plus the generator's temporary
             check_memory(wl.device_bytes() + wl.table_bytes,
                          f"emulating {wl.T} table(s) of {format_bytes(wl.table_bytes)} on the CPU", "lower T, E or D")
+        elif any(get_variant(v).host != "none" for v in exp.variants):   # cache/uvm keep their tables on the host
+            check_memory(wl.T * wl.table_bytes + wl.table_bytes,
+                         f"keeping {wl.T} table(s) of {format_bytes(wl.table_bytes)} in host memory (cache, uvm)",
+                         "lower T, E or D")
         g = torch.Generator(device=device).manual_seed(wl.seed)
         tables = [as_dtype(torch.rand(wl.E, wl.D, generator=g, device=device) - 0.5, wl.dtype) for _ in range(wl.T)]
         return cls(exp, wl, backend, device, tables, gpu, index, identity)
