@@ -171,6 +171,7 @@ _ADVICE = {
     errno.ELOOP: "the path has a loop of symbolic links; fix the link",
     errno.EMFILE: "too many open files; raise the limit (ulimit -n)",
     errno.EIO: "the device reported an I/O error; check the disk",
+    errno.EFBIG: "the file would exceed the size limit (ulimit -f) or the file system's; raise it or write elsewhere",
 }
 
 

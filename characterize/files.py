@@ -78,7 +78,8 @@ def atomic_output(path: str | Path, inputs: Iterable[str | Path] = ()) -> Iterat
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     except OSError as e:
-        raise tagged(e, f"create a temporary file for {target.name} in") from None
+        e.filename = str(target.parent)
+        raise tagged(e, f"create a temporary file for {escape_text(target.name)} in") from None
     try:
         with os.fdopen(fd, "wb") as f:
             yield f

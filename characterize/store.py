@@ -227,11 +227,12 @@ def _plain(d: dict[str, Any]) -> dict[str, Any]:
 
 def point_fingerprint(run_fp: dict[str, Any] | None, kind: str, variant: str, dataset: str) -> dict[str, Any] | None:
     """The part of a run's fingerprint one (kind, variant, dataset) point depends on."""
-    if not run_fp:
+    if not run_fp or not isinstance(run_fp, dict):
         return None
+    params, traces = run_fp.get("params"), run_fp.get("traces")
     return {"toolkit": run_fp.get("toolkit"), "backend": run_fp.get("backend"), "gpu": run_fp.get("gpu"),
-            "workload": run_fp.get("workload"), "params": (run_fp.get("params") or {}).get(variant, {}),
-            "settings": run_fp.get(kind), "trace": (run_fp.get("traces") or {}).get(dataset)}
+            "workload": run_fp.get("workload"), "params": params.get(variant, {}) if isinstance(params, dict) else params,
+            "settings": run_fp.get(kind), "trace": traces.get(dataset) if isinstance(traces, dict) else traces}
 
 
 def fingerprint_differences(old: dict[str, Any] | None, new: dict[str, Any], variant: str = "",
@@ -246,16 +247,16 @@ def fingerprint_differences(old: dict[str, Any] | None, new: dict[str, Any], var
         if a == b:
             continue
         if part == "trace":
-            before = (a or {}).get("sha256", "none")[:12] if isinstance(a, dict) else "none"
-            after = (b or {}).get("sha256", "none")[:12] if isinstance(b, dict) else "none"
-            out.append(f"the trace file's contents (SHA-256 {before}... -> {after}...)")
+            before, after = (str(x.get("sha256", "none"))[:12] if isinstance(x, dict) else "none" for x in (a, b))
+            out.append(f"the trace file's contents (SHA-256 {escape_text(before)}... -> {escape_text(after)}...)")
         elif part == "toolkit":
             out.append(f"the toolkit ({_changes(a, b, 'toolkit')})")
         elif isinstance(a, dict) and isinstance(b, dict):
             prefix = variant if part == "params" else "workload" if part == "workload" else kind
             out.append(_changes(a, b, prefix))
         else:
-            out.append(f"{part} {a!r} -> {b!r}" if part != "params" else _changes(a or {}, b or {}, variant))
+            out.append(escape_text(f"{part} {a!r} -> {b!r}")[:120] if part != "params" else
+                       _changes(a or {}, b or {}, variant))
     return out
 
 
@@ -263,7 +264,7 @@ def _changes(a: Any, b: Any, prefix: str) -> str:
     if not isinstance(a, dict) or not isinstance(b, dict):
         return f"{prefix} {a!r} -> {b!r}"
     keys = [k for k in dict.fromkeys([*a, *b]) if a.get(k) != b.get(k)]
-    return ", ".join(f"{prefix}.{k} {a.get(k, 'unset')!r} -> {b.get(k, 'unset')!r}" for k in keys)
+    return ", ".join(escape_text(f"{prefix}.{k} {a.get(k, 'unset')!r} -> {b.get(k, 'unset')!r}")[:120] for k in keys)
 
 
 def _json_default(o: Any) -> Any:

@@ -6,11 +6,14 @@ in tests/test_rundir_fuzz.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import os
 import re
+import resource
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -114,6 +117,35 @@ def test_a_replaced_trace_file_or_other_bench_settings_are_named(tmp_path):
         open_experiment_run(warmer, out, "bench", True, None, backend="emulate")
     with pytest.raises(RunDirError, match=r"backend 'emulate' -> 'cuda'"):   # CPU timings beside GPU ones
         open_experiment_run(exp, out, "bench", True, None, backend="cuda", executor="slurm")
+
+
+def test_profile_points_answer_to_the_profile_settings(tmp_path):
+    out = tmp_path / "run"
+    exp = load_experiment(str(experiment(tmp_path)))
+    run = open_experiment_run(exp, out, "profile", False, None, backend="emulate")
+    run.write_point("profile", "base", "medium", {"status": "ok", "report": "ncu/base__medium.ncu-rep"})
+    flushed = dataclasses.replace(exp, profile=dataclasses.replace(exp.profile, cache_control="all"))
+    with pytest.raises(RunDirError, match=r"1 finished point\(s\) \(1 profile\) .*profile\.cache_control 'none' -> 'all'"):
+        open_experiment_run(flushed, out, "profile", True, None, backend="emulate")
+    open_experiment_run(dataclasses.replace(exp, bench=dataclasses.replace(exp.bench, warmup=5)), out, "profile",
+                        True, None, backend="emulate")   # bench settings are not what a profile point measured with
+
+
+@pytest.mark.slow
+def test_a_remeasured_resume_times_with_the_new_parameters_and_keeps_the_rest(tmp_path):
+    out = tmp_path / "run"
+    first = program("bench", experiment(tmp_path, P=2), "--backend", "emulate", "--out", out)
+    assert first.returncode == 0, first.stderr
+    base = (out / "points" / "bench" / "base__medium.json").read_text()
+    refused_run = program("bench", experiment(tmp_path, P=4), "--backend", "emulate", "--out", out, "--resume")
+    assert refused_run.returncode == 8
+    one_error_line(refused_run.stderr, "rpf.P 2 -> 4", "--remeasure")
+    again = program("bench", experiment(tmp_path, P=4), "--backend", "emulate", "--out", out, "--resume",
+                    "--remeasure")
+    assert again.returncode == 0 and "1 point(s) to time" in again.stderr, again.stderr
+    points = {p["variant"]: p for p in load_run(out).points("bench")}
+    assert points["rpf"]["params"]["P"] == 4 and points["rpf"]["fingerprint"]["params"] == {"P": 4}
+    assert (out / "points" / "bench" / "base__medium.json").read_text() == base
 
 
 def test_points_without_meta_json_are_never_reused_as_finished(tmp_path):
@@ -259,6 +291,13 @@ def test_a_build_that_wrote_no_library_is_an_error_and_not_cached(tiny_sources, 
 
 
 # ============================================ 6. file-system errors are one line, exit 12
+def _small_files() -> None:
+    """In the child: files may not grow past 4 KiB (writes beyond fail with EFBIG, a real
+    write error as a full disk gives ENOSPC)."""
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+
+
 def test_file_system_errors_name_the_path_and_the_operation(tmp_path):
     exp = experiment(tmp_path)
     refused(cli("bench", exp, "--backend", "emulate", "--out", exp / "run"), 12,
@@ -272,6 +311,12 @@ def test_file_system_errors_name_the_path_and_the_operation(tmp_path):
     full = program("workload", "presets", stdout=open("/dev/full", "w"))   # noqa: SIM115 - closed with the process
     assert full.returncode == 12
     one_error_line(full.stderr, "cannot write to standard output: No space left on device (ENOSPC)")
+    big = subprocess.run([sys.executable, "-m", "characterize.cli", "import", str(DETAILS), "-o", str(tmp_path / "t.csv")],
+                         capture_output=True, text=True, timeout=120, preexec_fn=_small_files,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert big.returncode == 12 and not (tmp_path / "t.csv").exists()   # a write cut short leaves nothing behind
+    one_error_line(big.stderr, f"cannot write {tmp_path / 't.csv'}: File too large (EFBIG)")
+    assert not [f for f in tmp_path.iterdir() if f.name.startswith(".t.csv.")]
     e = OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "x.json"))
     assert describe_os_error(e, "write") == (f"cannot write {tmp_path / 'x.json'}: No space left on device (ENOSPC); "
                                              "free space on that file system or write elsewhere")

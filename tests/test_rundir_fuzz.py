@@ -20,10 +20,12 @@ import pandas as pd
 import pytest
 
 from characterize.analysis.model.constants import BOUNDS, ModelConstants, calibration_path, load_calibration
+from characterize.config import ExperimentConfig
 from characterize.errors import CharacterizeError
 from characterize.hardware.specs import gpu_spec
+from characterize.measure.runner import _stale_points
 from characterize.rundir import artifact
-from characterize.store import RunDir, load_run
+from characterize.store import RunDir, load_run, run_fingerprint
 
 COMMITTED = Path(__file__).resolve().parents[1] / "profiles" / "static-paper"
 #: values a type swap puts where a JSON value was
@@ -38,6 +40,9 @@ def valid_run(d: Path) -> Path:
     shutil.copytree(COMMITTED, run)
     for name in ("predictions.csv", "e2e.csv"):
         pd.read_csv(run / name).head(12).to_csv(run / name, index=False)
+    meta = json.loads((run / "meta.json").read_text())
+    meta["fingerprint"] = run_fingerprint(ExperimentConfig.from_dict(meta["experiment"]), "cuda", "a100-80gb")
+    (run / "meta.json").write_text(json.dumps(meta))
     rd = RunDir(run)
     for v, us in (("base", 101.5), ("rpf", 63.25)):
         rd.write_point("bench", v, "medium", {
@@ -130,6 +135,12 @@ def read_run_fully(run_dir: Path) -> None:
     if not b.empty and "per_table_us" in b.columns:
         assert pd.api.types.is_numeric_dtype(b["per_table_us"]) or b["per_table_us"].isna().all()
     run.timings  # noqa: B018
+    writer = RunDir(run_dir)   # what a resume reads: which points are finished, which measured otherwise
+    for kind in ("bench", "profile"):
+        for p in sorted(run_dir.glob(f"points/{kind}/*.json")):
+            variant, _, dataset = p.stem.partition("__")
+            writer.has_point(kind, variant, dataset)
+    _stale_points(run_dir, run.meta.get("fingerprint"))
     f = run.failures
     assert isinstance(f, pd.DataFrame) and (f.empty or {"kind", "error"} <= set(f.columns))
     run.summary()
