@@ -44,15 +44,15 @@ def check_output(path: str | Path, inputs: Iterable[str | Path] = ()) -> Path:
     one that is not a regular file or that is one of `inputs`. OutputError names it."""
     p = Path(path)
     shown = escape_text(str(p))
-    target = Path(os.path.realpath(p)) if p.is_symlink() else p
     try:
-        st = os.stat(target)
+        st = os.stat(p)   # through symbolic links: /dev/stdout is whatever fd 1 is
     except FileNotFoundError:
-        return target
+        return Path(os.path.realpath(p)) if p.is_symlink() else p
     except OSError as e:
         raise tagged(e, "inspect") from None
+    target = Path(os.path.realpath(p)) if p.is_symlink() else p
     if not stat.S_ISREG(st.st_mode):
-        via = f" ({escape_text(str(target))}, through a symbolic link)" if target != p else ""
+        via = " (through a symbolic link)" if p.is_symlink() else ""
         raise OutputError(f"cannot write {shown}{via}: it is {file_kind(st.st_mode)}, not a regular file, and "
                           "would be destroyed; write the output to a file path (choose another -o or --out)")
     for src in inputs:

@@ -463,6 +463,9 @@ def test_text_from_files_is_escaped_before_the_terminal(tmp_path):
     r = cli("import", named)
     assert r.exit_code != 0 and "\x1b" not in r.output
     one_error_line(r.stderr, "two\\nlines.csv")
+    r = cli("report", tmp_path / "gone\n\x1b[2J.csv")   # click's own usage error names it escaped too
+    assert r.exit_code == 2 and "\x1b" not in r.stderr
+    assert [ln for ln in r.stderr.splitlines() if ln.startswith("Error:")][0].endswith("gone\\n\\x1b[2J.csv' does not exist.")
     refused(cli("compare", DETAILS, hostile, "--pair", "nodeByPoint5=nosuchkernel"), 2,
             "--pair nodeByPoint5=nosuchkernel: no kernel of", "is 'nosuchkernel'")
     refused(cli("report", DETAILS, hostile, "--pair", "nope=nodeByPoint5", "-o", tmp_path / "r.html"), 2,

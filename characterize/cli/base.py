@@ -41,6 +41,13 @@ class Group(click.Group):
     exit. Messages are escaped: a file or kernel name cannot split the line or drive the
     terminal."""
 
+    def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
+                     **extra: Any) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.ClickException as e:
+            raise _escaped(e) from None
+
     def invoke(self, ctx: click.Context) -> Any:
         previous = {}
         if threading.current_thread() is threading.main_thread():
@@ -61,6 +68,8 @@ class Group(click.Group):
                 click.echo(f"  {escape_text(line)}", err=True)
             click.echo(f"error: {escape_text(str(e))}", err=True)
             ctx.exit(e.exit_code)
+        except click.ClickException as e:   # a usage error naming a value from outside (a path, say)
+            raise _escaped(e) from None
         except BrokenPipeError:
             raise   # stdout closed by its reader (`| head`): click exits quietly
         except OSError as e:
@@ -107,6 +116,14 @@ def _operation(e: OSError) -> str:
         if f"{call}(" in line:
             return op
     return "use"
+
+
+def _escaped(e: click.ClickException) -> click.ClickException:
+    """A click error whose message has its outside text escaped (a file name holding a
+    newline or an escape sequence stays one line of plain text)."""
+    original = e.format_message
+    e.format_message = lambda: escape_text(original())  # type: ignore[method-assign]
+    return e
 
 
 def _plain_markup(text: str) -> str:
