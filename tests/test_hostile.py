@@ -231,7 +231,7 @@ def test_compressed_archives_are_sized_before_they_inflate(tmp_path, monkeypatch
         load_trace(deflated)
     assert type(e.value).__name__ == "MemoryBudgetError"
     monkeypatch.delenv("CHARACTERIZE_MEMORY_BUDGET")
-    refused(cli("--memory-budget", "1G", "check", "--backend", "emulate", "--E", 1_000_000_000), 2,
+    refused(cli("--memory-budget", "1G", "check", "--backend", "emulate", "--E", "1e9"), 2,
             "checking on tables of E=1,000,000,000", "would need about", "more than the budget")
 
 

@@ -355,16 +355,42 @@ class TerminalReporter:
             self.message(f"{title}: {task.summary or 'done'} ({time.perf_counter() - start:.1f} s)")
 
 
+class Count(click.ParamType):
+    """An integer as people write large ones: 500000, 500_000 or 5e5 (exactly integral;
+    2.5, nan and 1e400 are not counts). Ranges are the workload's to check."""
+
+    name = "integer"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        text = str(value).strip().replace("_", "")
+        try:
+            return int(text)
+        except ValueError:
+            pass
+        try:
+            number = float(text)
+        except ValueError:
+            number = math.nan
+        if math.isfinite(number) and number.is_integer() and abs(number) < 2**63:
+            return int(number)
+        self.fail(f"{escape_text(str(value))!r} is not a whole number (write 500000, 500_000 or 5e5)", param, ctx)
+
+
+COUNT = Count()
+
+
 def workload_options(f: Callable) -> Callable:
     """The workload in the field's vocabulary (FBGEMM-style reusable option bundle)."""
     opts = [
-        click.option("--T", "T", type=int, default=None, help="embedding tables [12]"),
-        click.option("--E", "E", type=int, default=None, help="rows per table [500000]"),
-        click.option("--D", "D", type=int, default=None, help="embedding dimension [128]"),
-        click.option("--B", "B", type=int, default=None, help="batch size (bags per table) [2048]"),
+        click.option("--T", "T", type=COUNT, default=None, help="embedding tables [12]"),
+        click.option("--E", "E", type=COUNT, default=None, help="rows per table [500000]"),
+        click.option("--D", "D", type=COUNT, default=None, help="embedding dimension [128]"),
+        click.option("--B", "B", type=COUNT, default=None, help="batch size (bags per table) [2048]"),
         click.option("--L", "L", default=None, help="pooling factor: N, uniform:LO:HI or poisson:MEAN [150]"),
         click.option("--mode", type=click.Choice(["sum", "mean"]), default=None, help="pooling mode [sum]"),
-        click.option("--batches", type=int, default=None, help="batches per generated trace [8]"),
+        click.option("--batches", type=COUNT, default=None, help="batches per generated trace [8]"),
         click.option("--seed", type=int, default=None, help="seed of generated data [0]"),
     ]
     for o in reversed(opts):

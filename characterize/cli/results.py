@@ -90,7 +90,7 @@ def _section(title: str, frame, columns=None, top: int | None = None) -> None:  
 @main.command()
 @click.argument("a", type=click.Path(exists=True, path_type=Path))
 @click.argument("b", type=click.Path(exists=True, path_type=Path))
-@click.option("--top", type=int, default=40, show_default=True, help="rows to show per table")
+@click.option("--top", type=click.IntRange(min=1), default=40, show_default=True, help="rows to show per table")
 @click.option("--metric", "metric_filter", default=None,
               help="also list every raw ncu metric containing this text, matched kernel by matched kernel")
 @click.option("--pair", "pairs", multiple=True, metavar="A=B",
