@@ -261,13 +261,11 @@ def calibrate(run_dir: str | Path, gpu: str | None = None, progress: Progress | 
     """Fit the model to a measured run (compiling what the model needs for its GPU if
     the run lacks it) and store the constants for that GPU."""
     run = load_run(run_dir)
-    timed_gpu(run, gpu)   # before compiling anything: timings of that GPU, not the CPU emulation's
-    spec = gpu_spec(gpu) if gpu else None
+    arch = timed_gpu(run, gpu).arch   # before compiling anything: timings of that GPU, not the CPU emulation's
     exp = ExperimentConfig.from_dict(run.meta.get("experiment") or {})
     code = CodeFacts(exp.workload.D, run.static, run.sass)
-    arch = spec.arch if spec else (run.meta.get("gpu") or {}).get("arch")
     names = list(dict.fromkeys(["base", *exp.variants]))
-    if arch and not code.covers(names, [arch], exp.workload.D):
+    if not code.covers(names, [arch], exp.workload.D):
         code = code_facts(names, [arch], exp.workload.D, exp.params, dtype=exp.workload.dtype)
     cal = fit_run(run, gpu, static=code.static, sass=code.sass, progress=progress)
     save_calibration(cal)

@@ -59,7 +59,7 @@ class Calibration:
 def _run_gpu(run: Any, gpu: str | None) -> GpuSpec:
     """The run's GPU as the spec table knows it, with the driver's SM count and L2 size."""
     info = run.meta.get("gpu") or {}
-    name = gpu or info.get("name")
+    name = gpu or (str(info["name"]) if info.get("name") is not None else None)
     if not name and run.meta.get("backend") == "emulate":
         raise RunDirError(f"{run.path}: its timings were measured by the CPU emulation (backend emulate), not on a "
                           "GPU; calibration needs a run benched on the GPU whose constants it fits")
@@ -69,7 +69,11 @@ def _run_gpu(run: Any, gpu: str | None) -> GpuSpec:
     if gpu and info.get("name") and gpu_spec(str(info["name"])).key != spec.key:
         raise RunDirError(f"{run.path} was measured on {info['name']}, not on {spec.name} (--gpu {gpu}); constants "
                           "fitted to it would be stored for the wrong GPU")
-    changes = {k: int(info[k]) for k in ("sm_count", "l2_bytes") if info.get(k)}
+    changes = {}
+    for k in ("sm_count", "l2_bytes"):   # the driver's numbers, when meta.json holds sensible ones
+        v = info.get(k)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and 0 < v < 2**40:
+            changes[k] = int(v)
     return dataclasses.replace(spec, **changes)
 
 
