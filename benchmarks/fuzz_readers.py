@@ -1,14 +1,18 @@
 """Long fuzz run of every reader of outside data: byte-mutated real .ncu-rep reports,
-truncated / quote-broken / byte-flipped CSV exports, and malformed traces of every
-format. The test suite runs the same generators (tests/extract/test_fuzz.py,
-tests/workloads/test_trace_fuzz.py) on a few dozen inputs; this runs hundreds.
+truncated / quote-broken / byte-flipped CSV exports, malformed traces of every format,
+damaged run-directory files (meta.json, point files, locality.json, the CSV tables: cut,
+flipped, of the wrong JSON type, text where numbers belong; every --report-every'th also
+rendered as a report) and damaged stored calibrations. The test suite runs the same
+generators (tests/extract/test_fuzz.py, tests/workloads/test_trace_fuzz.py,
+tests/test_rundir_fuzz.py) on a few dozen inputs; this runs hundreds.
 
 Acceptable outcomes: a correct result (ok) or a one-line CharacterizeError (counted by
 class). Anything else (another exception, a multi-line message, a CSV or trace that
 reads with values the original does not have) is a failure: listed, and exit status 1.
 
 Run from the repository root:
-    python benchmarks/fuzz_readers.py [--seed 0] [--reports 350] [--csv 2000] [--traces 1000]
+    python benchmarks/fuzz_readers.py [--seed 0] [--reports 350] [--csv 2000] [--traces 1000] [--rundirs 1000]
+                                      [--calibrations 500] [--report-every 50]
 """
 
 from __future__ import annotations
@@ -31,6 +35,12 @@ if str(ROOT) not in sys.path:  # a script run from a checkout, not an installed 
 from characterize.errors import CharacterizeError  # noqa: E402
 from tests.conftest import fixtures_dir  # noqa: E402
 from tests.extract.test_fuzz import csv_mutants, read_csv_fully, read_report_fully, report_mutants  # noqa: E402
+from tests.test_rundir_fuzz import (  # noqa: E402
+    calibration_mutants,
+    read_calibration,
+    read_run_fully,
+    rundir_mutants,
+)
 from tests.workloads.test_trace_fuzz import CONFIG, read_and_check, trace_mutants  # noqa: E402
 
 
@@ -80,6 +90,9 @@ def main() -> int:
     ap.add_argument("--reports", type=int, default=350, help="byte-mutated .ncu-rep files")
     ap.add_argument("--csv", type=int, default=2000, help="damaged CSV exports")
     ap.add_argument("--traces", type=int, default=1000, help="damaged trace files (each read with and without E)")
+    ap.add_argument("--rundirs", type=int, default=1000, help="run directories with one damaged file")
+    ap.add_argument("--report-every", type=int, default=50, help="render every Nth damaged run as a report too")
+    ap.add_argument("--calibrations", type=int, default=500, help="damaged stored calibrations")
     ap.add_argument("--fixtures", type=Path, default=fixtures_dir())
     args = ap.parse_args()
     os.environ.setdefault("CHARACTERIZE_MEMORY_BUDGET", "1G")  # a damaged header may promise terabytes
@@ -107,6 +120,22 @@ def main() -> int:
                 for rows in (CONFIG.E, None):
                     t.run(f"{p.name} ({label}, rows={rows})", lambda: read_and_check(p, rows))
                 p.unlink()
+            tallies.append(t)
+        if args.rundirs:
+            from characterize.report.render import report_html
+
+            t = Tally("run directories (load_run, frames)")
+            r = Tally("run directories (HTML report)")
+            for i, (label, run) in enumerate(rundir_mutants(work / "rundirs", args.seed, args.rundirs)):
+                t.run(label, lambda: read_run_fully(run))
+                if args.report_every and i % args.report_every == 0:
+                    r.run(label, lambda: report_html([run]))
+            tallies += [t, r]
+        if args.calibrations:
+            os.environ["CHARACTERIZE_CALIBRATION"] = str(work / "calibration")
+            t = Tally("stored calibrations")
+            for label, gpu in calibration_mutants(work, args.seed, args.calibrations):
+                t.run(label, lambda: read_calibration(gpu))
             tallies.append(t)
     print(f"fuzz_readers, seed {args.seed}: inputs tried and outcomes (ok = read correctly, else the error class)")
     for t in tallies:

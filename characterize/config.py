@@ -188,6 +188,8 @@ class WorkloadConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or not 0 <= self.seed < 2**63:
+            raise ConfigError(f"seed must be an integer in 0..2^63-1, got {self.seed!r}")
         dtype_spec(self.dtype)
         if self.mode not in MODES:
             raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
@@ -258,14 +260,18 @@ class BenchConfig:
     budget_s: float = 10.0      # per point time budget for repetitions
     modes: tuple[str, ...] = ("steady", "cold")
     l2_set_aside: bool = True   # l2p/combined: a persisting-L2 set-aside for the pinned rows (False: without)
+    timeout_s: float = 900.0    # a point's worker that has not finished it after this long is stopped (point failed)
 
     def validate(self) -> "BenchConfig":
         if not isinstance(self.l2_set_aside, bool):
             raise ConfigError(f"bench.l2_set_aside must be true or false, got {self.l2_set_aside!r}")
-        if self.warmup < 0 or self.min_reps < 2 or self.max_reps < self.min_reps:
-            raise ConfigError("bench needs warmup >= 0 and 2 <= min_reps <= max_reps")
-        if not 0 < self.ci_target < 1 or self.budget_s <= 0:
-            raise ConfigError("bench ci_target must be in (0, 1) and budget_s positive")
+        _count("bench.warmup", self.warmup, 0, MAX_BATCHES, "warm-up batches")
+        _count("bench.min_reps", self.min_reps, 2, MAX_REPS, "repetitions")
+        _count("bench.max_reps", self.max_reps, self.min_reps, MAX_REPS, "repetitions (at least min_reps)")
+        _seconds("bench.ci_target", self.ci_target, 0, 0.999999, "a fraction of the mean")
+        _seconds("bench.budget_s", self.budget_s, 0, MAX_SECONDS, "seconds of repetitions per point")
+        _seconds("bench.timeout_s", self.timeout_s, self.budget_s, MAX_SECONDS,
+                 "seconds a point may take, more than bench.budget_s")
         bad = set(self.modes) - {"steady", "cold"}
         if bad or not self.modes:
             raise ConfigError(f"bench modes must be steady and/or cold, got {', '.join(self.modes)}")
@@ -294,8 +300,9 @@ class ProfileConfig:
             raise ConfigError("clock_control must be 'base' or 'none'")
         if self.replay_mode not in ("kernel", "application", "range"):
             raise ConfigError("replay_mode must be kernel, application or range")
-        if self.tables < 1 or (self.warmup_batches is not None and self.warmup_batches < 0):
-            raise ConfigError("profile needs tables >= 1 and warmup_batches >= 0")
+        _count("profile.tables", self.tables, 1, MAX_BATCHES, "profiled launches per point")
+        if self.warmup_batches is not None:   # None: as bench warms up
+            _count("profile.warmup_batches", self.warmup_batches, 0, MAX_BATCHES, "warm-up batches")
         return self
 
 
@@ -314,10 +321,8 @@ class SlurmConfig:
     gpus: dict[str, dict[str, str]] = field(default_factory=dict)  # GPU type -> {partition, constraint}
 
     def validate(self) -> "SlurmConfig":
-        if self.time < 1:
-            raise ConfigError(f"slurm.time is minutes per point and must be at least 1, got {self.time}")
-        if self.gpus_per_task < 0:
-            raise ConfigError(f"slurm.gpus_per_task must be 0 or more, got {self.gpus_per_task}")
+        _count("slurm.time", self.time, 1, MAX_SECONDS // 60, "slurm.time is minutes per point")
+        _count("slurm.gpus_per_task", self.gpus_per_task, 0, 64, "GPUs per task")
         for name, where in self.gpus.items():
             if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
                 raise ConfigError(f"slurm.gpus: GPU type {name!r} may hold only letters, digits, '.', '_' and '-'")
@@ -394,8 +399,11 @@ class ExperimentConfig:
         `pipeline.check_experiment`."""
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", self.name):
             raise ConfigError(f"experiment name {self.name!r} may hold only letters, digits, '.', '_' and '-'")
-        if any(c <= 0 for c in self.maxrregcount):
-            raise ConfigError("maxrregcount values must be positive")
+        if len(self.name) > MAX_NAME:
+            raise ConfigError(f"experiment name of {len(self.name)} characters: at most {MAX_NAME} (run directories "
+                              "and Slurm jobs are named after it, and file names have a length limit)")
+        if any(isinstance(c, bool) or not isinstance(c, (int, np.integer)) or c <= 0 for c in self.maxrregcount):
+            raise ConfigError(f"maxrregcount values must be positive integers, got {list(self.maxrregcount)!r}")
         for dt in self.dtypes:
             if dt not in DTYPES:
                 raise ConfigError(f"dtypes: {dt!r} is not supported; use {', '.join(DTYPES)}")
@@ -446,6 +454,28 @@ class ExperimentConfig:
         return cls(**kwargs)
 
 
+#: the largest counts and durations a setting may ask for (beyond them, a typo)
+MAX_BATCHES = 100_000
+MAX_REPS = 10_000_000
+MAX_SECONDS = 7 * 24 * 3600
+#: the longest experiment name (run directories are named <name>-<gpu>)
+MAX_NAME = 100
+
+
+def _count(name: str, value: Any, low: int, high: int, what: str) -> None:
+    """ConfigError unless `value` is an integer in low..high."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not low <= value <= high:
+        raise ConfigError(f"{name} must be an integer in {low:,}..{high:,} ({what}), got {value!r}")
+
+
+def _seconds(name: str, value: Any, low: float, high: float, what: str) -> None:
+    """ConfigError unless `value` is a finite number above `low` and at most `high`."""
+    ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+    if not ok or not math.isfinite(value) or not low < value <= high:
+        raise ConfigError(f"{name} must be a finite number above {low:g} and at most {high:g} ({what}), "
+                          f"got {value!r}")
+
+
 def _sub(cls: type, value: dict[str, Any], source: str) -> Any:
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = set(value) - known
@@ -463,8 +493,9 @@ def _type_ok(value: Any, hint: Any) -> bool:
         return True
     if hint is int:
         return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-    if hint is float:
-        return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+    if hint is float:   # NaN and infinity (TOML's nan, inf, 1e400) are not settings
+        return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool) and \
+            math.isfinite(value)
     if hint is str:
         return isinstance(value, str)
     if hint is Pooling:
@@ -504,6 +535,8 @@ def _check_types(cls: type, values: dict[str, Any], source: str, section: str) -
         tip = ""
         if isinstance(value, str) and re.fullmatch(r"[+-]?\d+(\.\d*)?", value.strip()):
             tip = "; write the number without quotes"
+        elif isinstance(value, float) and not math.isfinite(value):
+            tip = "; NaN and infinity are not allowed"
         elif isinstance(value, list) and any(isinstance(v, str) for v in value) and hint is not str:
             tip = "; write the numbers without quotes"
         raise ConfigError(f"{where}{name} must be {_describe(hint)}, got {value!r}{tip}")

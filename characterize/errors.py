@@ -7,15 +7,29 @@ traceback.
 
 from __future__ import annotations
 
+import errno
+import os
+import re
+
 
 class CharacterizeError(Exception):
-    """Base class of every error the toolkit raises on purpose."""
+    """Base class of every error the toolkit raises on purpose. Its message is one line;
+    `detail` may carry more (a compiler's output), which the CLI prints above it."""
 
     exit_code = 2
+
+    def __init__(self, *args: object, detail: str = "") -> None:
+        super().__init__(*args)
+        self.detail = detail
 
 
 class ConfigError(CharacterizeError, ValueError):
     """A configuration value is out of range or inconsistent."""
+
+
+class OutputError(CharacterizeError, ValueError):
+    """An output path that must not be written: a device, a FIFO, a directory, or one of
+    the command's own inputs (writing would destroy it)."""
 
 
 class WorkloadError(CharacterizeError, ValueError):
@@ -26,6 +40,16 @@ class ToolchainNotFound(CharacterizeError):
     """No usable nvcc (or host compiler) was found."""
 
     exit_code = 3
+
+
+class NamedToolMissing(CharacterizeError):
+    """A tool named explicitly (--ncu PATH) or by its environment variable
+    ($CHARACTERIZE_NVCC, ...) is not an executable file: an error, never a reason to skip
+    a step or to fall back to another copy of the tool."""
+
+
+class ToolchainNamedMissing(ToolchainNotFound, NamedToolMissing):
+    """nvcc, cuobjdump or nvdisasm named by $CHARACTERIZE_* is missing."""
 
 
 class BuildError(CharacterizeError):
@@ -54,6 +78,10 @@ class NcuNotFound(CharacterizeError):
     """No Nsight Compute command-line profiler could be located."""
 
     exit_code = 6
+
+
+class NcuNamedMissing(NcuNotFound, NamedToolMissing):
+    """The ncu given with --ncu or $CHARACTERIZE_NCU is missing."""
 
 
 class NcuPermissionError(CharacterizeError):
@@ -113,8 +141,103 @@ class CheckMismatch(CharacterizeError):
     exit_code = 11
 
 
+class PointsFailed(CharacterizeError):
+    """bench or profile finished, but points of it failed (or their jobs vanished): what
+    finished is kept, and `--resume` measures the failed points again."""
+
+    exit_code = 13
+
+
+class FileSystemError(CharacterizeError):
+    """The operating system refused a file operation (disk full, read-only, permission,
+    a file where a directory belongs, a name too long): one line naming the path and the
+    operation instead of a traceback."""
+
+    exit_code = 12
+
+
+#: what to do about each errno a user can meet while the toolkit reads and writes files
+_ADVICE = {
+    errno.ENOSPC: "free space on that file system or write elsewhere",
+    errno.EDQUOT: "free space within your quota or write elsewhere",
+    errno.EROFS: "the file system is read-only; write elsewhere (--out, -o, or $CHARACTERIZE_CACHE for builds)",
+    errno.EACCES: "check its permissions or write elsewhere",
+    errno.EPERM: "check its permissions or write elsewhere",
+    errno.ENOTDIR: "a part of the path is a file, not a directory; choose another path",
+    errno.EISDIR: "it is a directory where a file belongs; remove it or choose another path",
+    errno.EEXIST: "something is already there; remove it or choose another path",
+    errno.ENAMETOOLONG: "the name is too long for the file system; choose a shorter name or path",
+    errno.ENOENT: "check the path",
+    errno.ELOOP: "the path has a loop of symbolic links; fix the link",
+    errno.EMFILE: "too many open files; raise the limit (ulimit -n)",
+    errno.EIO: "the device reported an I/O error; check the disk",
+    errno.EFBIG: "the file would exceed the size limit (ulimit -f) or the file system's; raise it or write elsewhere",
+}
+
+
+def escape_text(text: str) -> str:
+    """`text` with every control character (escape sequences, carriage returns, newlines,
+    DEL, C1 codes) written as a visible escape, so that outside text (file names, kernel
+    names from a profiled program) can neither split a line nor drive the terminal."""
+    return _CONTROL.sub(lambda m: _ESCAPES.get(m.group(), m.group().encode("unicode_escape").decode()), text)
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _blocking_file(path: str) -> str | None:
+    """The first part of `path` that exists but is not a directory, if any."""
+    p = os.path.abspath(path)
+    parts = []
+    while True:
+        parts.append(p)
+        parent = os.path.dirname(p)
+        if parent == p:
+            break
+        p = parent
+    for part in reversed(parts[1:]):
+        if os.path.lexists(part) and not os.path.isdir(part):
+            return part
+    return None
+
+
+def describe_os_error(e: OSError, operation: str | None = None) -> str:
+    """One line for an OSError: the operation, the path(s), the system's reason and what to
+    do. `operation` ("write", "create the directory", ...) defaults to the one the error
+    was tagged with (`e.operation`), else to "use"."""
+    op = operation or getattr(e, "operation", None) or "use"
+    reason = e.strerror or type(e).__name__
+    code = errno.errorcode.get(e.errno or 0)
+    reason += f" ({code})" if code else ""
+    name = e.filename
+    if e.errno == errno.ENOENT and (name is None or not os.path.isabs(os.fsdecode(name))):
+        try:
+            os.getcwd()
+        except OSError:
+            return ("the working directory no longer exists (it was deleted or moved); cd to an existing "
+                    "directory and run the command again")
+    if name is None:
+        return f"cannot {op}: {escape_text(reason)}; {_ADVICE.get(e.errno or 0, 'check the file system')}"
+    shown = os.fsdecode(name) if isinstance(name, bytes) else str(name)
+    where = escape_text(shown) + (f" -> {escape_text(os.fsdecode(e.filename2))}" if e.filename2 else "")
+    advice = _ADVICE.get(e.errno or 0, "check the file system")
+    if e.errno in (errno.ENOTDIR, errno.EEXIST, errno.ENOENT):
+        blocker = _blocking_file(shown)
+        if blocker is not None and os.path.abspath(shown) != blocker:
+            advice = f"{escape_text(blocker)} is a file, not a directory; choose another path"
+    return f"cannot {op} {where}: {escape_text(reason)}; {advice}"
+
+
+def file_system_error(e: OSError, operation: str | None = None) -> FileSystemError:
+    """The domain error for an OSError (see describe_os_error)."""
+    err = FileSystemError(describe_os_error(e, operation))
+    err.errno = e.errno  # type: ignore[attr-defined]
+    return err
+
+
 class BinaryError(CharacterizeError):
     """A CUDA binary cannot be analyzed as asked: no such file, no device code for the
     architecture, no function matching the pattern, or no lookup loop in the ones read."""
 
-    exit_code = 12
+    exit_code = 14

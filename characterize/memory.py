@@ -21,6 +21,9 @@ MEMORY_BUDGET_ENV = "CHARACTERIZE_MEMORY_BUDGET"
 #: share of the available memory (MemAvailable, or the cgroup's headroom) the toolkit may use by default
 DEFAULT_MEMORY_SHARE = 0.6
 
+#: the largest budget that means anything (2^62 bytes, 4 EiB)
+MAX_BUDGET = 2.0**62
+
 _UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 2**10, "m": 1e6, "mb": 1e6, "mib": 2**20, "g": 1e9,
           "gb": 1e9, "gib": 2**30, "t": 1e12, "tb": 1e12, "tib": 2**40}
 
@@ -59,7 +62,12 @@ def parse_memory(text: str) -> tuple[float | None, float | None]:
         return None, float(m.group(1)) / 100
     m = re.fullmatch(r"(\d+(?:\.\d*)?(?:e\d+)?)([a-z]*)", t)
     if m and m.group(2) in _UNITS and float(m.group(1)) > 0:
-        return float(m.group(1)) * _UNITS[m.group(2)], None
+        value = float(m.group(1)) * _UNITS[m.group(2)]
+        if value >= 1:
+            if value > MAX_BUDGET:   # 1e400 is infinity, and no machine has 2^63 bytes
+                raise ConfigError(f"memory budget {text!r} is beyond any machine's memory (at most 2^62 "
+                                  "bytes); give a size such as 64G or a share such as 80%")
+            return value, None
     raise ConfigError(f"bad memory budget {text!r}: use bytes with a unit (8G, 512MiB, 2e9) or a share of the "
                       "available memory (50%)")
 

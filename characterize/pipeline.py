@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import pandas as pd
 
-from characterize.analysis.calibrate import Calibration, fit_run, save_calibration
+from characterize.analysis.calibrate import Calibration, fit_run, save_calibration, timed_gpu
 from characterize.analysis.claims import CLAIM_ARCH, CLAIM_VARIANTS, paper_claims
 from characterize.analysis.model.constants import ModelConstants, load_calibration
 from characterize.analysis.model.e2e import Overheads
@@ -45,17 +45,25 @@ from characterize.config import DTYPES, DlrmConfig, ExperimentConfig, WorkloadCo
 from characterize.errors import (
     CharacterizeError,
     GpuMemoryError,
+    NamedToolMissing,
     NcuNotFound,
     ToolchainNotFound,
     UnsupportedShape,
     WorkloadError,
+    describe_os_error,
 )
 from characterize.hardware.devices import devices, require_gpu
 from characterize.hardware.specs import gpu_spec, normalize_arch
 from characterize.kernels.build import buildable_arch, reported_builds, toolkit_record
 from characterize.kernels.check import CheckResult, check_variants
 from characterize.kernels.library import unavailable
-from characterize.kernels.registry import HOST_VARIANTS, VARIANT_ORDER, default_cache_rows, get_variant
+from characterize.kernels.registry import (
+    HOST_VARIANTS,
+    VARIANT_ORDER,
+    check_caps,
+    default_cache_rows,
+    get_variant,
+)
 from characterize.kernels.static import analyze_variants, static_characterization
 from characterize.kernels.training import CUDA_BACKWARDS, kernel_for, training_facts
 from characterize.measure.e2e import check_pipeline, measure_step
@@ -64,12 +72,13 @@ from characterize.measure.ncu import find_ncu
 from characterize.measure.runner import (
     open_run,
     pending_points,
+    points_failed,
 )
 from characterize.progress import PerMessage, Progress, Reporter, Task, as_reporter
 from characterize.progress import quiet as _quiet
 from characterize.report.render import render_report
 from characterize.rundir import artifact
-from characterize.store import RunDir, environment, list_runs, load_run
+from characterize.store import RunDir, environment, list_runs, load_run, run_fingerprint
 from characterize.workloads.locality import check_dataset, coverage_ks, locality_stats, named_ks
 from characterize.workloads.presets import HOTNESS_ORDER
 from characterize.workloads.traces import load_dataset
@@ -122,6 +131,7 @@ def check_experiment(exp: ExperimentConfig, gpu: Any = None) -> ExperimentConfig
         get_variant(v).resolve_params(p)
     for a in exp.archs:
         normalize_arch(a)
+    check_caps(exp.maxrregcount, f"{exp.source or 'the experiment'}: maxrregcount")
     for g in targets:   # without a GPU here the workload must still fit each target architecture's GPU
         try:
             check_fit(exp, g)
@@ -209,8 +219,8 @@ def code_facts(variants: Sequence[str], archs: Sequence[str], D: int, params: Ma
             sass = sass_frame(variants, archs, D, params, dtype)
             task.finish(f"{len(sass)} kernel(s) analyzed")
     except ToolchainNotFound as e:
-        raise ToolchainNotFound(f"{e}\nThe model needs each variant's registers, occupancy and hot loop, which "
-                                "come from the compiled code; or pass a run's static.csv and sass.csv.") from None
+        raise type(e)(f"{e}; the model needs each variant's registers, occupancy and hot loop, which "
+                                "come from the compiled code (or pass a run's static.csv and sass.csv)") from None
     return CodeFacts(D, pd.DataFrame([r.to_dict() for r in rows]), sass)
 
 
@@ -278,12 +288,11 @@ def calibrate(run_dir: str | Path, gpu: str | None = None, progress: Progress | 
     """Fit the model to a measured run (compiling what the model needs for its GPU if
     the run lacks it) and store the constants for that GPU."""
     run = load_run(run_dir)
-    spec = gpu_spec(gpu) if gpu else None
+    arch = timed_gpu(run, gpu).arch   # before compiling anything: timings of that GPU, not the CPU emulation's
     exp = ExperimentConfig.from_dict(run.meta.get("experiment") or {})
     code = CodeFacts(exp.workload.D, run.static, run.sass)
-    arch = spec.arch if spec else (run.meta.get("gpu") or {}).get("arch")
     names = list(dict.fromkeys(["base", *exp.variants]))
-    if arch and not code.covers(names, [arch], exp.workload.D):
+    if not code.covers(names, [arch], exp.workload.D):
         code = code_facts(names, [arch], exp.workload.D, exp.params, dtype=exp.workload.dtype)
     cal = fit_run(run, gpu, static=code.static, sass=code.sass, progress=progress)
     save_calibration(cal)
@@ -295,14 +304,16 @@ def default_run_dir(exp: ExperimentConfig, gpu_key: str | None) -> Path:
     return Path("runs") / f"{exp.name}-{gpu_key or 'nogpu'}"
 
 
-def run_meta(exp: ExperimentConfig, path: Path, gpu_info, backend: str = "cuda") -> dict:
-    """meta.json of a new run: identity of the GPU and software, the full config, the
-    command line."""
+def run_meta(exp: ExperimentConfig, path: Path, gpu_info, backend: str = "cuda", executor: str = "local") -> dict:
+    """meta.json of a new run: identity of the GPU and software, the full config and its
+    fingerprint (what every point depends on), the command line."""
     gpu = gpu_identity(gpu_info)
+    where = gpu["key"] if gpu else "cpu-emulation" if backend == "emulate" else executor if executor != "local" \
+        else None
     return {"name": path.name, "experiment": exp.to_dict(), "command_line": shlex.join(sys.argv),
             "environment": environment(), "backend": backend if gpu_info is not None or backend != "cuda" else None,
             "gpu": gpu, "cache_control": exp.profile.cache_control, "clock_control": exp.profile.clock_control,
-            "toolkit": toolkit_record()}
+            "toolkit": toolkit_record(), "fingerprint": run_fingerprint(exp, backend, where)}
 
 
 def locality_step(run: RunDir, exp: ExperimentConfig, progress: Reporter | Progress = _quiet, table: int = 0) -> dict:
@@ -414,14 +425,16 @@ def _e2e_embedding(predictions: pd.DataFrame | None, variants: Sequence[str], ta
 
 
 def open_experiment_run(exp: ExperimentConfig, out: Path | None, stage: str, resume: bool, gpu_info,
-                        backend: str = "cuda", executor: str = "local") -> RunDir:
+                        backend: str = "cuda", executor: str = "local", remeasure: bool = False) -> RunDir:
     """Validate `exp` for the GPU (if any) and open its run directory for `stage`
-    (default path runs/<experiment>-<gpu>; -slurm when Slurm's nodes hold the GPU)."""
+    (default path runs/<experiment>-<gpu>; -slurm when Slurm's nodes hold the GPU).
+    Finished points measured otherwise are refused, or measured again with `remeasure`
+    (measure.runner.open_run)."""
     exp = check_experiment(exp, gpu=gpu_info.spec() if gpu_info else None)
     key = gpu_info.spec().key if gpu_info else ("cpu-emulation" if backend == "emulate" else
                                                 "slurm" if executor == "slurm" else None)
     path = out or default_run_dir(exp, key)
-    return open_run(path, exp, run_meta(exp, path, gpu_info, backend), stage, resume)
+    return open_run(path, exp, run_meta(exp, path, gpu_info, backend, executor), stage, resume, remeasure)
 
 
 @dataclass
@@ -476,8 +489,10 @@ def _bench(ctx: StepContext) -> None:
     where = "CUDA events" if ctx.backend == "cuda" else "CPU emulation"
     with ctx.reporter.task(f"bench ({where}{', Slurm' if ctx.executor == 'slurm' else ''})", total=len(points),
                            unit="points") as task:
-        follow_points(ctx.run, "bench", points, task, lambda: measure_stage(
+        counts = follow_points(ctx.run, "bench", points, task, lambda: measure_stage(
             ctx.run, "bench", exp, Placement(ctx.executor, ctx.backend), ctx.reporter.message))
+    if (failed := points_failed(ctx.run, "bench", counts)) is not None:
+        raise failed
 
 
 def _profile(ctx: StepContext) -> None:
@@ -487,8 +502,10 @@ def _profile(ctx: StepContext) -> None:
     points = pending_points(ctx.run, "profile", exp)
     placement = Placement(ctx.executor, ctx.backend, tool if ctx.executor == "local" or ctx.ncu else None)
     with ctx.reporter.task(f"profile ({tool})", total=len(points), unit="points") as task:
-        follow_points(ctx.run, "profile", points, task, lambda: measure_stage(
+        counts = follow_points(ctx.run, "profile", points, task, lambda: measure_stage(
             ctx.run, "profile", exp, placement, ctx.reporter.message))
+    if (failed := points_failed(ctx.run, "profile", counts)) is not None:
+        raise failed
 
 
 def _report(ctx: StepContext) -> None:
@@ -533,12 +550,13 @@ STEPS: tuple[Step, ...] = (
 
 def run_experiment(exp: ExperimentConfig, out: Path | None = None, *, resume: bool = False,
                    progress: Reporter | Progress | None = None, ncu: str | None = None, backend: str = "cuda",
-                   executor: str = "local") -> RunOutcome:
+                   executor: str = "local", remeasure: bool = False) -> RunOutcome:
     """Run `exp` into `out`, step by step (STEPS); steps that cannot run here are recorded
     as skipped, with why. `progress` (a Reporter, or a plain callback for one line per
     step) follows each step. backend emulate times the CPU emulation; executor slurm
     measures each point as one Slurm array task (the GPU is then the nodes', not this
-    machine's)."""
+    machine's). `remeasure` measures again the finished points whose fingerprint differs
+    (changed parameters, settings or trace files) instead of refusing the resume."""
     reporter = as_reporter(progress)
     say = reporter.message
     if executor == "slurm":
@@ -546,13 +564,16 @@ def run_experiment(exp: ExperimentConfig, out: Path | None = None, *, resume: bo
     found = devices() if backend == "cuda" and executor == "local" else []
     info = found[0] if found else None
     exp = check_experiment(exp, gpu=info.spec() if info else None)
-    run = open_experiment_run(exp, out, "bench", resume, info, backend, executor)
+    run = open_experiment_run(exp, out, "bench", resume, info, backend, executor, remeasure)
     outcome = RunOutcome(run.path)
     ctx = StepContext(exp, run, reporter, backend, executor, ncu, info, outcome)
     run.log(f"run {exp.name} ({'GPU ' + info.name if info else 'no GPU'})")
     for step in STEPS:
         if step.name == "report":
-            run.update_meta(steps=outcome.steps)
+            try:
+                run.update_meta(steps=outcome.steps)
+            except OSError as e:   # the outcomes are still printed and returned
+                say(f"the steps' outcomes could not be recorded: {describe_os_error(e)}")
         if step.measures and ctx.cannot_measure:
             outcome.steps[step.name] = f"skipped: {ctx.cannot_measure}"
             continue
@@ -560,11 +581,16 @@ def run_experiment(exp: ExperimentConfig, out: Path | None = None, *, resume: bo
         try:
             step.run(ctx)
         except (ToolchainNotFound, NcuNotFound) as e:
-            outcome.steps[step.name] = f"skipped: {e}"
-            say(f"{step.name} skipped: {e}")
+            # a tool that is not installed skips its step; one named by the user and missing is an error
+            verdict = "failed" if isinstance(e, NamedToolMissing) else "skipped"
+            outcome.steps[step.name] = f"{verdict}: {e}"
+            say(f"{step.name} {verdict}: {e}")
         except CharacterizeError as e:
             outcome.steps[step.name] = f"failed: {e}"
             say(f"{step.name} failed: {e}")
+        except OSError as e:   # disk full, read-only, permissions: the step fails, the run goes on
+            outcome.steps[step.name] = f"failed: {describe_os_error(e)}"
+            say(f"{step.name} failed: {describe_os_error(e)}")
         else:
             outcome.steps[step.name] = "done"
         run.log(f"{step.name}: {outcome.steps[step.name]} ({time.perf_counter() - start:.1f} s)")

@@ -29,6 +29,22 @@ class Column:
     meaning: str
 
 
+#: what a JSON field may hold ("?" after it: or null); `store` checks files against these
+KINDS = ("object", "records", "list", "text", "number", "numbers", "flag", "any")
+
+
+@dataclass(frozen=True)
+class Field:
+    """One field of a JSON artifact. kind: object | records (a list of objects) | list |
+    text | number | numbers (an object of numbers) | flag | any, "?" appended when it may
+    be null; a required field must be present."""
+
+    name: str
+    kind: str
+    meaning: str
+    required: bool = False
+
+
 @dataclass(frozen=True)
 class Artifact:
     """One file (or family of files) of a run directory."""
@@ -40,6 +56,8 @@ class Artifact:
     source: str                  # measured | static | trace | predicted | record (SOURCES)
     meaning: str
     columns: tuple[Column, ...] = ()
+    fields: tuple[Field, ...] = ()   # JSON: the fields of the object (of each entry, when keyed)
+    keyed: str = ""              # JSON: what the top-level keys are, when each value is one record (locality)
 
     @property
     def column_names(self) -> list[str]:
@@ -50,6 +68,16 @@ class Artifact:
             if c.name == name:
                 return c
         raise KeyError(f"{self.path} has no column {name!r}")
+
+
+def _fields(*specs: str) -> tuple[Field, ...]:
+    """Fields from 'name | kind | meaning' lines; a name ending in '!' is required."""
+    out = []
+    for spec in specs:
+        name, kind, meaning = (part.strip() for part in spec.split("|", 2))
+        assert kind.rstrip("?") in KINDS, kind
+        out.append(Field(name.rstrip("!"), kind, meaning, name.endswith("!")))
+    return tuple(out)
 
 
 def _cols(*specs: str) -> tuple[Column, ...]:
@@ -232,10 +260,72 @@ _BENCH = _cols(
     "absent for per-table variants",
 )
 
+_META = _fields(
+    "started! | text | when the run directory was created (UTC, ISO 8601)",
+    "name | text | the run's name (its directory's)",
+    "experiment! | object | the full experiment (config.ExperimentConfig.to_dict), as the points were measured",
+    "fingerprint | object | what every point depends on: the experiment's workload, parameters and settings, "
+    "each trace file's SHA-256, the toolkit and the backend (store.run_fingerprint); a resume that differs is "
+    "refused, naming the difference, or re-measures what changed (--remeasure)",
+    "command_line | text | the command that last wrote the run",
+    "environment | object? | host, Python, torch, numpy, pandas versions and the git revision",
+    "backend | text? | cuda or emulate (null: no measurement here)",
+    "gpu | object? | the GPU identity (null without one)",
+    "cache_control | text? | ncu cache control of profile points",
+    "clock_control | text? | clock control of profile points",
+    "resumed | list | when the run was resumed",
+    "steps | object | each step's outcome: done, skipped: why, failed: why",
+    "ncu | object? | the ncu used by profile: path and version",
+    "executor | object? | Slurm: partition, constraint and hosts",
+    "gpu_type | text? | with several Slurm GPU types: this run's",
+)
+
+_POINT = _fields(
+    "kind | text | bench or profile",
+    "variant! | text | the kernel variant",
+    "dataset! | text | hotness preset or trace file",
+    "status! | text | ok, or failed",
+    "finished | text | when the point was written (UTC)",
+    "error | text | why it failed",
+    "fingerprint | object | what the point was measured with (store.point_fingerprint); a point whose "
+    "fingerprint differs from the run's is not reused",
+    "backend | text | cuda or emulate",
+    "gpu | text? | the GPU it ran on",
+    "params | object | the variant's parameters as bound",
+    "check | object | the correctness check against torch before timing",
+    "clocks | object | NVML samples before and after the point",
+    "throttle | object | whether a clock slowdown was seen, and why",
+    "summary | records | one row per mode: latency statistics (the bench columns)",
+    "repetitions | records | every timed repetition",
+    "per_table_mean_us | object | mean time of each table launch per mode",
+    "report | text | profile: the .ncu-rep, relative to the run directory",
+    "cache_report | text | profile: the cache counters' .ncu-rep",
+    "replay_modes | object | profile: the replay mode of each metric",
+    "kernels | number | profile: kernels in the report",
+    "argv | list | profile: the ncu command line",
+    "scheduler | object | Slurm: the job's state when it ended without a point",
+    "ran_on | object | Slurm: the job and host that measured the point",
+)
+
+_LOCALITY_FIELDS = _fields(
+    "lookups! | number | lookups of the analyzed table",
+    "unique_rows! | number | distinct rows they read",
+    "rows | number | rows of the table (E)",
+    "row_bytes | number | bytes one lookup reads",
+    "cold_fraction | number | first reads among the lookups",
+    "bytes_touched | number | unique rows x row bytes",
+    "table | number | which table of the dataset was analyzed",
+    "description | text | how the trace was made or read",
+    "top_k_coverage | numbers | share of lookups the K most frequent rows take, by K",
+    "reuse_distance_quantiles | numbers | reuse-distance quantiles, by pNN",
+    "reuse_histogram | list | reuse distances by power-of-two bucket",
+)
+
 ARTIFACTS: dict[str, Artifact] = {a.key: a for a in (
     Artifact("meta", "meta.json", "json", "run", "record",
              "GPU identity (without UUID), driver, CUDA and ncu versions, clocks, SM count, L2 size, cache and "
-             "clock modes, git revision, the full experiment, the command line, each step's outcome"),
+             "clock modes, git revision, the full experiment and its fingerprint, the command line, each step's "
+             "outcome", fields=_META),
     Artifact("log", "log.txt", "text", "run", "record", "what happened, one timestamped line per event"),
     Artifact("static", "static.csv", "csv", "static", "static",
              "registers, spills and theoretical occupancy per variant x architecture (with the register sweep)",
@@ -243,7 +333,8 @@ ARTIFACTS: dict[str, Artifact] = {a.key: a for a in (
     Artifact("sass", "sass.csv", "csv", "static", "static",
              "each kernel's hot loop read from its SASS: loads by width, spills, rows in flight", _SASS),
     Artifact("locality", "locality.json", "json", "locality", "trace",
-             "trace statistics per dataset: unique rows, top-K coverage, reuse distances", _LOCALITY),
+             "trace statistics per dataset: unique rows, top-K coverage, reuse distances", _LOCALITY,
+             fields=_LOCALITY_FIELDS, keyed="dataset"),
     Artifact("predictions", "predictions.csv", "csv", "predict", "predicted",
              "model predictions per variant x dataset x GPU x mode (x dtype, x cache size), with bands",
              _PREDICTIONS),
@@ -253,9 +344,10 @@ ARTIFACTS: dict[str, Artifact] = {a.key: a for a in (
              "the DLRM step around each variant, stage by stage (measured too on a GPU)", _E2E),
     Artifact("bench", "points/bench/*.json", "json", "bench", "measured",
              "one file per finished (variant, dataset) point: checks, every repetition, per-table means, clocks, "
-             "throttling, identity; written atomically", _BENCH),
+             "throttling, identity; written atomically", _BENCH, fields=_POINT),
     Artifact("profile", "points/profile/*.json", "json", "profile", "measured",
-             "one file per profiled point: its report, scoping, collection modes and replay modes"),
+             "one file per profiled point: its report, scoping, collection modes and replay modes",
+             fields=_POINT),
     Artifact("ncu", "ncu/*.ncu-rep", "ncu-rep", "profile", "measured",
              "the raw Nsight Compute reports (and *.cache.ncu-rep, cache counters under application replay), "
              "with their logs"),

@@ -17,15 +17,17 @@ RunDirLocked naming the holder instead of measuring the same points beside it.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
+import hashlib
 import json
 import os
 import platform
 import re
 import shlex
+import stat
 import subprocess
 import sys
-import tempfile
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -35,10 +37,14 @@ from typing import Any
 
 import pandas as pd
 
-from characterize.errors import CharacterizeError, RunDirError, RunDirLocked
+from characterize import __version__
+from characterize.errors import CharacterizeError, RunDirError, RunDirLocked, escape_text
 from characterize.extract.ncu_rep import read_report
 from characterize.extract.read import wide
-from characterize.rundir import artifact
+from characterize.files import file_kind, tagged, write_atomic
+from characterize.kernels.build import kernels_dir
+from characterize.rundir import Artifact, Field, artifact
+from characterize.workloads.presets import Hotness, parse_dataset
 
 try:
     import fcntl
@@ -50,25 +56,6 @@ LOG = artifact("log").path
 LOCK = artifact("lock").path
 #: seconds a second writer waits for a run directory's lock (a killed writer's workers need a moment to exit)
 LOCK_WAIT_S = 5.0
-
-
-def write_atomic(path: Path, data: str | bytes) -> None:
-    """Write a file so that readers see the old content or the new one, never half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data.encode() if isinstance(data, str) else data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; run directories are meant to be shared
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 def conform(key: str, df: pd.DataFrame) -> pd.DataFrame:
@@ -84,6 +71,203 @@ def conform(key: str, df: pd.DataFrame) -> pd.DataFrame:
 
 def write_json(path: Path, obj: Any) -> None:
     write_atomic(path, json.dumps(obj, indent=1, sort_keys=False, default=_json_default) + "\n")
+
+
+# ------------------------------------------------------------ validated reading
+def _kind_ok(value: Any, kind: str) -> bool:
+    """Whether a JSON value is of a declared field kind (characterize.rundir.Field)."""
+    if kind.endswith("?"):
+        if value is None:
+            return True
+        kind = kind[:-1]
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return {"object": isinstance(value, dict), "list": isinstance(value, list),
+            "records": isinstance(value, list) and all(isinstance(v, dict) for v in value),
+            "text": isinstance(value, str), "number": number, "flag": isinstance(value, bool),
+            "numbers": isinstance(value, dict) and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                      for v in value.values()),
+            "any": True}[kind]
+
+
+_KIND_WORDS = {"object": "an object", "records": "a list of objects", "list": "a list", "text": "a string",
+               "number": "a number", "numbers": "an object of numbers", "flag": "true or false", "any": "anything"}
+
+
+def _json_type(value: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(value), "a number" if isinstance(value, (int, float)) else type(value).__name__)
+
+
+def _field_problem(obj: Any, fields: tuple[Field, ...]) -> str | None:
+    """What is wrong with one record against its declared fields, or None."""
+    if not isinstance(obj, dict):
+        return f"holds {_json_type(obj)} where an object is declared"
+    for f in fields:
+        if f.name not in obj:
+            if f.required:
+                return f"lacks its {f.name!r} field"
+            continue
+        if not _kind_ok(obj[f.name], f.kind):
+            want = _KIND_WORDS[f.kind.rstrip("?")] + (" or null" if f.kind.endswith("?") else "")
+            return f"field {f.name!r} holds {_json_type(obj[f.name])}, not {want}"
+    return None
+
+
+#: what to do about a damaged JSON artifact
+_REPAIR = {"meta": "restore meta.json from a copy, or run the experiment again into another --out",
+           "bench": "`--resume` measures the point again", "profile": "`--resume` profiles the point again",
+           "locality": "`characterize run --resume` writes it again"}
+
+
+def read_json(path: Path, key: str) -> Any:
+    """See _read_json; the message ends with what to do about a damaged file."""
+    try:
+        return _read_json(path, key)
+    except RunDirError as e:
+        fix = _REPAIR.get(key, "the step that writes it writes it again")
+        raise RunDirError(f"{e}; {fix}") from None
+
+
+def _read_json(path: Path, key: str) -> Any:
+    """A JSON artifact of a run directory (characterize.rundir key), read and checked
+    against its declaration: unreadable, torn, not JSON, or of the wrong shape is a
+    RunDirError naming the file and what is wrong with it."""
+    a: Artifact = artifact(key)
+    shown = escape_text(str(path))
+    _regular(path, shown)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise RunDirError(f"{shown}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); "
+                          "the file is damaged") from None
+    except OSError as e:
+        raise RunDirError(f"{shown}: cannot be read ({e.strerror or type(e).__name__})") from None
+    try:
+        obj = json.loads(text)
+    except ValueError as e:
+        torn = " (torn or cut short?)" if text.strip() else " (empty)"
+        raise RunDirError(f"{shown}: not valid JSON{torn}: {str(e).splitlines()[0]}") from None
+    if a.keyed:
+        if not isinstance(obj, dict):
+            raise RunDirError(f"{shown}: holds {_json_type(obj)} where an object of one record per {a.keyed} "
+                              "is declared")
+        for name, record in obj.items():
+            problem = _field_problem(record, a.fields)
+            if problem:
+                raise RunDirError(f"{shown}: {a.keyed} {escape_text(str(name))!r} {problem}")
+        return obj
+    problem = _field_problem(obj, a.fields)
+    if problem:
+        raise RunDirError(f"{shown}: {problem}")
+    for i, row in enumerate(obj.get("summary") or [] if a.columns else []):   # the rows of its declared table
+        for col in a.columns:
+            if col.unit and col.name in row and not _kind_ok(row[col.name], "number?"):
+                raise RunDirError(f"{shown}: summary row {i + 1}: {col.name} ({col.unit}) holds "
+                                  f"{_json_type(row[col.name])}, not a number")
+    return obj
+
+
+def _regular(path: Path, shown: str) -> None:
+    """RunDirError unless `path` is a regular file (a FIFO would block the reader forever,
+    a device would feed it without end)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        raise RunDirError(f"{shown}: cannot be read ({e.strerror or type(e).__name__})") from None
+    if not stat.S_ISREG(mode):
+        raise RunDirError(f"{shown}: is {file_kind(mode)}, not a file of the run")
+
+
+# ------------------------------------------------------------- fingerprints
+#: parts of a run's fingerprint, in the order a difference is named
+FINGERPRINT_PARTS = ("toolkit", "backend", "gpu", "workload", "params", "settings", "trace")
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    except OSError as e:
+        raise tagged(e, "read (to fingerprint it)") from None
+    return h.hexdigest()
+
+
+def _kernel_sources_digest() -> str:
+    h = hashlib.sha256()
+    for path in sorted(kernels_dir().glob("*")):
+        if path.suffix in (".cu", ".cuh", ".h"):
+            h.update(path.name.encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def run_fingerprint(exp: Any, backend: str | None = None, gpu: str | None = None) -> dict[str, Any]:
+    """What every point of `exp` depends on: the toolkit (version and kernel sources), the
+    backend and GPU, the workload, each variant's parameters, the bench and profile
+    settings (a point's timeout aside), and each trace file's contents (SHA-256). Stored in
+    meta.json; each point records its own part (point_fingerprint)."""
+    traces = {}
+    for d in exp.datasets:
+        parsed = parse_dataset(d)
+        if not isinstance(parsed, Hotness) and Path(parsed).is_file():
+            traces[d] = {"sha256": _sha256(Path(parsed)), "bytes": Path(parsed).stat().st_size}
+    bench = dataclasses.asdict(exp.bench)
+    bench.pop("timeout_s", None)   # how long a point may take changes nothing it measures
+    profile = dataclasses.asdict(exp.profile)
+    # a profiled launch follows bench's warm-up batches: what a profile point measured depends on them
+    profile["warmup_batches"] = exp.bench.warmup
+    return {"toolkit": {"characterize": __version__, "kernels": _kernel_sources_digest()},
+            "backend": backend or "cuda", "gpu": gpu, "workload": exp.workload.to_dict(),
+            "params": {v: dict(p) for v, p in exp.params.items()}, "bench": _plain(bench),
+            "profile": _plain(profile), "traces": traces}
+
+
+def _plain(d: dict[str, Any]) -> dict[str, Any]:
+    return json.loads(json.dumps(d, default=_json_default))
+
+
+def point_fingerprint(run_fp: dict[str, Any] | None, kind: str, variant: str, dataset: str) -> dict[str, Any] | None:
+    """The part of a run's fingerprint one (kind, variant, dataset) point depends on."""
+    if not run_fp or not isinstance(run_fp, dict):
+        return None
+    params, traces = run_fp.get("params"), run_fp.get("traces")
+    return {"toolkit": run_fp.get("toolkit"), "backend": run_fp.get("backend"), "gpu": run_fp.get("gpu"),
+            "workload": run_fp.get("workload"), "params": params.get(variant, {}) if isinstance(params, dict) else params,
+            "settings": run_fp.get(kind), "trace": traces.get(dataset) if isinstance(traces, dict) else traces}
+
+
+def fingerprint_differences(old: dict[str, Any] | None, new: dict[str, Any], variant: str = "",
+                            kind: str = "bench") -> list[str]:
+    """What differs between two point fingerprints, in words ("rpf.P 2 -> 8", "the trace
+    file x.npz changed"); old None: the point recorded none."""
+    if not isinstance(old, dict):
+        return ["the point records no fingerprint (measured before fingerprints, or damaged)"]
+    out = []
+    for part in FINGERPRINT_PARTS:
+        a, b = old.get(part), new.get(part)
+        if a == b:
+            continue
+        if part == "trace":
+            before, after = (str(x.get("sha256", "none"))[:12] if isinstance(x, dict) else "none" for x in (a, b))
+            out.append(f"the trace file's contents (SHA-256 {escape_text(before)}... -> {escape_text(after)}...)")
+        elif part == "toolkit":
+            out.append(f"the toolkit ({_changes(a, b, 'toolkit')})")
+        elif isinstance(a, dict) and isinstance(b, dict):
+            prefix = variant if part == "params" else "workload" if part == "workload" else kind
+            out.append(_changes(a, b, prefix))
+        else:
+            out.append(escape_text(f"{part} {a!r} -> {b!r}")[:120] if part != "params" else
+                       _changes(a or {}, b or {}, variant))
+    return out
+
+
+def _changes(a: Any, b: Any, prefix: str) -> str:
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return f"{prefix} {a!r} -> {b!r}"
+    keys = [k for k in dict.fromkeys([*a, *b]) if a.get(k) != b.get(k)]
+    return ", ".join(escape_text(f"{prefix}.{k} {a.get(k, 'unset')!r} -> {b.get(k, 'unset')!r}")[:120] for k in keys)
 
 
 def _json_default(o: Any) -> Any:
@@ -146,7 +330,10 @@ class RunLock:
         """Take the lock of `run_dir` (created if missing), waiting up to `wait_s` (LOCK_WAIT_S)
         for a writer that is just exiting; RunDirLocked names a holder that stays."""
         p = Path(run_dir)
-        p.mkdir(parents=True, exist_ok=True)
+        try:
+            p.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise tagged(e, "create the run directory") from None
         key = p.resolve()
         held = cls._held.get(key)
         if held is not None and held.fd is not None:
@@ -155,7 +342,13 @@ class RunLock:
             lock = cls(key, None)
             cls._held[key] = lock
             return lock
-        fd = os.open(p / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fd = os.open(p / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except IsADirectoryError:
+            raise RunDirError(f"{escape_text(str(p / LOCK))} is a directory, not the run directory's lock file; "
+                              "remove it (nothing of the run is in it) or choose another --out") from None
+        except OSError as e:
+            raise tagged(e, "open the lock file") from None
         deadline = time.monotonic() + (LOCK_WAIT_S if wait_s is None else wait_s)
         while True:
             try:
@@ -171,8 +364,11 @@ class RunLock:
                 who = f"pid {holder.get('pid', '?')}: {holder.get('command', '?')}, since {holder.get('since', '?')}"
                 raise RunDirLocked(f"{p} is being written by another process ({who}); wait for it to finish or "
                                    f"stop it{pid}, or choose another --out") from None
-        os.ftruncate(fd, 0)
-        os.write(fd, json.dumps({"pid": os.getpid(), "command": shlex.join(sys.argv), "since": _now()}).encode())
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, json.dumps({"pid": os.getpid(), "command": shlex.join(sys.argv), "since": _now()}).encode())
+        except OSError:  # a full disk: the flock holds all the same, only the holder's note is lost
+            pass
         lock = cls(key, fd)
         cls._held[key] = lock
         return lock
@@ -222,22 +418,29 @@ class RunDir:
     @classmethod
     def create(cls, path: str | Path, meta: dict[str, Any], resume: bool = False) -> "RunDir":
         """Open `path` for writing. An existing run is continued only with resume=True
-        (its finished points are kept); a new one gets meta.json at once. Takes the
-        directory's writer lock first: RunDirLocked while another process writes it."""
+        (its finished points are kept; meta.json then takes the new experiment and
+        fingerprint, which `measure.runner.open_run` has checked against the points); a
+        new one gets meta.json at once. Takes the directory's writer lock first:
+        RunDirLocked while another process writes it."""
         p = Path(path)
         lock = RunLock.acquire(p)
         _remove_temporaries(p)
         if (p / META).is_file() and not resume:
-            existing = json.loads((p / META).read_text())
-            raise RunDirError(f"{p} already holds a run ({existing.get('experiment', {}).get('name', '?')}, "
-                              f"started {existing.get('started', '?')}); pass --resume to continue it or "
+            existing = read_json(p / META, "meta")
+            raise RunDirError(f"{p} already holds a run ({existing['experiment'].get('name', '?')}, "
+                              f"started {existing['started']}); pass --resume to continue it or "
                               "--out to choose another directory")
-        p.mkdir(parents=True, exist_ok=True)
         run = cls(p, lock)
         if (p / META).is_file():
-            old = json.loads((p / META).read_text())
+            old = read_json(p / META, "meta")
             old.setdefault("resumed", []).append(_now())
-            old["command_line"] = meta.get("command_line", old.get("command_line"))
+            for key in ("command_line", "environment", "fingerprint", "backend", "cache_control", "clock_control"):
+                if key in meta:
+                    old[key] = meta[key]
+            if meta.get("gpu"):
+                old["gpu"] = meta["gpu"]
+            if "experiment" in meta:   # the points measured next read the experiment from here
+                old["experiment"] = _merged_experiment(old.get("experiment") or {}, meta["experiment"])
             for key, value in meta.items():
                 old.setdefault(key, value)
             write_json(p / META, old)
@@ -251,41 +454,72 @@ class RunDir:
             self.lock.release()
 
     # ---------------------------------------------------------------- writing
+    @property
+    def meta(self) -> dict[str, Any]:
+        """meta.json as it is now (validated; RunDirError when damaged)."""
+        return read_json(self.path / META, "meta")
+
     def update_meta(self, **changes: Any) -> None:
-        meta = json.loads((self.path / META).read_text())
+        meta = self.meta
         meta.update(changes)
         write_json(self.path / META, meta)
 
     def log(self, message: str) -> None:
-        with open(self.path / LOG, "a") as f:
-            f.write(f"{_now()} {message}\n")
+        """One timestamped line in log.txt; a log that cannot be written (a full disk)
+        loses the line rather than the run."""
+        try:   # never blocks: a FIFO or device put in the log's place is not written to
+            fd = os.open(self.path / LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+        except OSError:
+            return
+        try:
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                os.write(fd, f"{_now()} {message}\n".encode())
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+    def expected_fingerprint(self, kind: str, variant: str, dataset: str) -> dict[str, Any] | None:
+        """What a point measured now records (the run's fingerprint, that point's part)."""
+        try:
+            return point_fingerprint(self.meta.get("fingerprint"), kind, variant, dataset)
+        except RunDirError:
+            return None
 
     def point_path(self, kind: str, variant: str, dataset: str) -> Path:
         return self.path / artifact(kind).path.replace("*", point_key(variant, dataset))
 
     def has_point(self, kind: str, variant: str, dataset: str) -> bool:
-        """True when the point finished (a failed point is retried on resume)."""
+        """True when the point finished with what the run measures now: status ok and the
+        run's fingerprint (a failed, damaged or differently measured point is measured
+        again)."""
         p = self.point_path(kind, variant, dataset)
         if not p.is_file():
             return False
         try:
-            return json.loads(p.read_text()).get("status") == "ok"
-        except ValueError:
+            record = read_json(p, kind)
+        except RunDirError:
             return False
+        if record.get("status") != "ok":
+            return False
+        expected = self.expected_fingerprint(kind, variant, dataset)
+        return expected is None or record.get("fingerprint") == expected
 
     def write_point(self, kind: str, variant: str, dataset: str, record: dict[str, Any]) -> Path:
+        """Write a point atomically, stamped with what it was measured with (its part of
+        the run's fingerprint)."""
         p = self.point_path(kind, variant, dataset)
-        write_json(p, {"kind": kind, "variant": variant, "dataset": dataset, "finished": _now(), **record})
+        stamp = self.expected_fingerprint(kind, variant, dataset)
+        head = {"kind": kind, "variant": variant, "dataset": dataset, "finished": _now()}
+        write_json(p, {**head, **({"fingerprint": stamp} if stamp is not None else {}), **record})
         return p
 
     def annotate_point(self, kind: str, variant: str, dataset: str, **fields: Any) -> bool:
         """Add `fields` to a finished point's file (atomically); False when there is none."""
         p = self.point_path(kind, variant, dataset)
         try:
-            record = json.loads(p.read_text())
-        except (OSError, ValueError):
-            return False
-        if not isinstance(record, dict):
+            record = read_json(p, kind)
+        except RunDirError:
             return False
         write_json(p, {**record, **fields})
         return True
@@ -309,6 +543,16 @@ def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
+def _merged_experiment(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """The experiment a resumed run records: the new one, whose variants and datasets
+    keep those measured before (a resume of a subset does not forget the rest)."""
+    out = dict(new)
+    for key in ("variants", "datasets"):
+        before = old.get(key) if isinstance(old.get(key), list) else []
+        out[key] = list(dict.fromkeys([*before, *(new.get(key) or [])]))
+    return out
+
+
 # ------------------------------------------------------------------ reading
 @dataclass
 class Run:
@@ -326,24 +570,60 @@ class Run:
         return (self.meta.get("gpu") or {}).get("name")
 
     def table(self, key: str) -> pd.DataFrame:
-        """A declared table artifact (characterize.rundir) as written; empty when the step
-        that writes it has not run."""
-        p = self.path / artifact(key).path
-        if not p.is_file():
+        """A declared table artifact (characterize.rundir) as written, checked against its
+        declaration (every column with a unit holds numbers); empty when the step that
+        writes it has not run. A damaged file is a RunDirError naming it."""
+        a = artifact(key)
+        p = self.path / a.path
+        if not p.exists():
             return pd.DataFrame()
+        shown = escape_text(str(p))
+        _regular(p, shown)
         try:
-            return pd.read_csv(p)
+            df = pd.read_csv(p)
+        except pd.errors.EmptyDataError:
+            raise RunDirError(f"{shown}: empty; the {a.step} step writes it again") from None
+        except UnicodeDecodeError as e:
+            raise RunDirError(f"{shown}: not UTF-8 text (offset {e.start}); the file is damaged") from None
         except (ValueError, pd.errors.ParserError) as e:
-            raise RunDirError(f"{p}: unreadable ({e})") from None
+            raise RunDirError(f"{shown}: unreadable ({str(e).splitlines()[0] if str(e) else type(e).__name__})") \
+                from None
+        except OSError as e:
+            raise RunDirError(f"{shown}: cannot be read ({e.strerror or type(e).__name__})") from None
+        return _checked_table(df, a, shown)
 
     def points(self, kind: str) -> list[dict[str, Any]]:
+        """Every point file of `kind` that reads as its declaration says and was measured
+        with what the run records (its fingerprint); one that does not (torn, edited,
+        foreign, stale) is listed in `unreadable_points`, not returned."""
         out = []
+        fp = self.meta.get("fingerprint")
         for p in sorted(self.path.glob(artifact(kind).path)):
             try:
-                out.append(json.loads(p.read_text()))
-            except ValueError:
-                continue  # a torn file cannot exist (atomic writes); foreign junk is ignored
+                point = read_json(p, kind)
+            except RunDirError as e:
+                variant, _, dataset = p.stem.partition("__")
+                self._note({"kind": f"{kind} point file", "variant": variant, "dataset": dataset, "error": str(e)})
+                continue
+            want = point_fingerprint(fp, kind, point["variant"], point["dataset"])
+            if fp and point.get("status") == "ok" and point.get("fingerprint") != want:
+                why = "; ".join(fingerprint_differences(point.get("fingerprint"), want, point["variant"], kind))
+                self._note({"kind": f"stale {kind} point", "variant": point["variant"], "dataset": point["dataset"],
+                            "error": f"measured with something else than the run records now ({why}); "
+                                     "`--resume --remeasure` measures it again"})
+                continue
+            out.append(point)
         return out
+
+    def _note(self, bad: dict[str, str]) -> None:
+        if bad not in self.unreadable_points:
+            self.unreadable_points.append(bad)
+
+    @cached_property
+    def unreadable_points(self) -> list[dict[str, str]]:
+        """Point files that cannot be read as points, or are stale (found by `points`);
+        listed in `failures`."""
+        return []
 
     @cached_property
     def static(self) -> pd.DataFrame:
@@ -365,11 +645,8 @@ class Run:
     @cached_property
     def locality(self) -> pd.DataFrame:
         """One row per dataset: lookups, unique rows, top-K coverage, reuse quantiles."""
-        p = self.path / artifact("locality").path
-        if not p.is_file():
-            return pd.DataFrame()
         rows = []
-        for ds, s in json.loads(p.read_text()).items():
+        for ds, s in self.locality_raw.items():
             row = {"dataset": ds, **{k: v for k, v in s.items() if not isinstance(v, (dict, list))}}
             for k, v in s.get("top_k_coverage", {}).items():
                 row[f"top_{k}_coverage"] = v
@@ -380,8 +657,9 @@ class Run:
 
     @cached_property
     def locality_raw(self) -> dict[str, Any]:
+        """locality.json as written (validated; RunDirError when damaged), {} before the step ran."""
         p = self.path / artifact("locality").path
-        return json.loads(p.read_text()) if p.is_file() else {}
+        return read_json(p, "locality") if p.exists() else {}
 
     @cached_property
     def predictions(self) -> pd.DataFrame:
@@ -421,7 +699,7 @@ class Run:
         rows = [{"kind": k, "variant": p["variant"], "dataset": p["dataset"], "error": p.get("error", "")}
                 for k in ("bench", "profile") for p in self.points(k) if p.get("status") != "ok"]
         self.metrics  # noqa: B018 (reading the reports finds the unreadable ones)
-        return pd.DataFrame(rows + self.unreadable_reports)
+        return pd.DataFrame(rows + self.unreadable_points + self.unreadable_reports)
 
     @cached_property
     def unreadable_reports(self) -> list[dict[str, str]]:
@@ -480,6 +758,26 @@ def _at_positions(df: pd.DataFrame, positions: list[int]) -> pd.DataFrame:
     return df[df["kernel_id"].isin(keep)]
 
 
+def _checked_table(df: pd.DataFrame, a: Artifact, shown: str) -> pd.DataFrame:
+    """A table as declared: every declared column that has a unit holds numbers (or is
+    empty); text where a number belongs is a RunDirError naming the column and line."""
+    for col in a.columns:
+        if not col.unit or col.name not in df.columns:
+            continue
+        values = df[col.name]
+        if pd.api.types.is_numeric_dtype(values) or pd.api.types.is_bool_dtype(values):
+            continue
+        numbers = pd.to_numeric(values, errors="coerce")
+        bad = values.notna() & numbers.isna()
+        if bad.any():
+            i = int(bad.to_numpy().nonzero()[0][0])
+            raise RunDirError(f"{shown}, line {i + 2}: column {col.name} ({col.unit}) holds "
+                              f"{escape_text(str(values.iloc[i]))[:40]!r}, not a number; the file was damaged or "
+                              f"edited; the {a.step} step writes it again")
+        df[col.name] = numbers
+    return df
+
+
 def _with_cache_counters(df: pd.DataFrame, path: Path, modes: dict[str, str], run: str,
                          positions: list[int] | None = None) -> pd.DataFrame:
     """A point's metrics with its cache counters taken from the separate collection
@@ -512,16 +810,13 @@ def load_run(path: str | Path) -> Run:
     """Open a run directory for analysis."""
     p = Path(path)
     if not p.exists():
-        raise RunDirError(f"{p}: no such run directory")
-    if p.is_file():
-        raise RunDirError(f"{p} is a file; give the run directory (for a report file use `characterize import`)")
-    if not (p / META).is_file():
-        raise RunDirError(f"{p} is not a run directory (no {META})")
-    try:
-        meta = json.loads((p / META).read_text())
-    except ValueError as e:
-        raise RunDirError(f"{p / META}: not valid JSON ({e})") from None
-    return Run(p, meta)
+        raise RunDirError(f"{escape_text(str(p))}: no such run directory")
+    if not p.is_dir():
+        raise RunDirError(f"{escape_text(str(p))} is a file, not a directory; give the run directory (for a report "
+                          "file use `characterize import`)")
+    if not (p / META).exists():
+        raise RunDirError(f"{escape_text(str(p))} is not a run directory (no {META})")
+    return Run(p, read_json(p / META, "meta"))
 
 
 def list_runs(root: str | Path) -> list[Path]:

@@ -74,7 +74,6 @@ budget_s = {budget}
 modes = {modes}
 [profile]
 tables = 1
-warmup_batches = 1
 """
 
 

@@ -59,23 +59,74 @@ class Calibration:
 def _run_gpu(run: Any, gpu: str | None) -> GpuSpec:
     """The run's GPU as the spec table knows it, with the driver's SM count and L2 size."""
     info = run.meta.get("gpu") or {}
-    name = gpu or info.get("name")
+    name = gpu or (str(info["name"]) if info.get("name") is not None else None)
+    if not name and run.meta.get("backend") == "emulate":
+        raise RunDirError(f"{run.path}: its timings were measured by the CPU emulation (backend emulate), not on a "
+                          "GPU; calibration needs a run benched on the GPU whose constants it fits")
     if not name:
         raise RunDirError(f"{run.path}: meta.json names no GPU (a run measured without one?); pass --gpu NAME")
     spec = gpu_spec(name)
-    changes = {k: int(info[k]) for k in ("sm_count", "l2_bytes") if info.get(k)}
+    if gpu and info.get("name") and gpu_spec(str(info["name"])).key != spec.key:
+        raise RunDirError(f"{run.path} was measured on {info['name']}, not on {spec.name} (--gpu {gpu}); constants "
+                          "fitted to it would be stored for the wrong GPU")
+    changes = {}
+    for k in ("sm_count", "l2_bytes"):   # the driver's numbers, when meta.json holds sensible ones
+        v = info.get(k)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and 0 < v < 2**40:
+            changes[k] = int(v)
     return dataclasses.replace(spec, **changes)
 
 
-def _measured(run: Any) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(variant, dataset, mode, measured_us, ci95_us) of finished points, and measured L2
-    hit rates of lookup kernels profiled with --cache-control none."""
+def _on_gpu(run: Any, spec: GpuSpec) -> set[tuple[str, str]]:
+    """(variant, dataset) of the run's finished bench points that were timed on `spec`'s
+    GPU with CUDA events: never the CPU emulation's timings, never another GPU's. A run
+    with none is refused, saying what its timings are."""
+    meta_gpu = (run.meta.get("gpu") or {}).get("name")
+    mine, seen = set(), []
+    for pt in run.points("bench"):
+        if pt.get("status") != "ok":
+            continue
+        backend = pt.get("backend") or run.meta.get("backend") or "cuda"
+        gpu = pt.get("gpu") or meta_gpu
+        seen.append((backend, gpu))
+        if backend != "cuda":
+            continue
+        try:
+            same = gpu is None or gpu_spec(str(gpu)).key == spec.key
+        except ConfigError:
+            same = False
+        if same:
+            mine.add((pt["variant"], pt["dataset"]))
+    if not mine and seen:
+        backend, gpu = seen[0]
+        what = (f"by the CPU emulation (backend {backend}), not on a GPU" if backend != "cuda" else
+                f"on {gpu}, not on {spec.name}")
+        raise RunDirError(f"{run.path}: its timings were measured {what}; calibrating {spec.name}'s constants needs "
+                          f"a run benched on that GPU (`characterize bench` there)")
+    return mine
+
+
+def timed_gpu(run: Any, gpu: str | None = None) -> GpuSpec:
+    """The GPU a run's constants would be fitted for (`gpu`, else the run's own), after
+    checking that the run holds timings measured on it (RunDirError otherwise)."""
+    spec = _run_gpu(run, gpu)
+    _on_gpu(run, spec)
+    return spec
+
+
+def _measured(run: Any, spec: GpuSpec | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(variant, dataset, mode, measured_us, ci95_us) of finished points (timed on `spec`
+    when given), and measured L2 hit rates of lookup kernels profiled with
+    --cache-control none."""
     bench = run.bench
     if bench.empty or "per_table_us" not in bench.columns:
         raise RunDirError(f"{run.path}: no timings (points/bench); calibration needs a run measured on a GPU")
     b = bench.copy()
     if "status" in b.columns:
         b = b[b["status"].fillna("ok") == "ok"]
+    if spec is not None:
+        keep = _on_gpu(run, spec)
+        b = b[[(v, d) in keep for v, d in zip(b["variant"], b["dataset"])]]
     if "mode" not in b.columns:
         b["mode"] = "steady"
     b = b[b["mode"].isin(MODES) & (b["per_table_us"] > 0)]
@@ -167,7 +218,7 @@ def fit_run(run: Any, gpu: str | None = None, *, static: Any = None, sass: Any =
     if not run.meta.get("experiment"):
         raise RunDirError(f"{run.path}: meta.json holds no experiment; the model needs the workload it measured")
     exp = ExperimentConfig.from_dict(run.meta["experiment"])
-    times, hits = _measured(run)
+    times, hits = _measured(run, spec)
     # ours and the peers', each modelled from its own machine code
     times = times[times["variant"].map(lambda v: get_variant(v).compiled or bool(get_variant(v).peer))]
     if times.empty:

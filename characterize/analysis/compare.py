@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from characterize.analysis.ncu import kernel_summary
-from characterize.errors import ConfigError, RunDirError
+from characterize.errors import ConfigError, RunDirError, escape_text
 from characterize.extract.read import read_any
 from characterize.extract.schema import short_function_name
 from characterize.store import Run, load_run
@@ -187,6 +187,21 @@ def _matches(k: pd.DataFrame, name: str) -> pd.Series:
     func = k["function"].astype(str) if "function" in k.columns else pd.Series("", index=k.index)
     full = k["kernel_name"].astype(str) if "kernel_name" in k.columns else pd.Series("", index=k.index)
     return (func == n) | (full == n) | (func.map(short_function_name) == short_function_name(n))
+
+
+def check_pairs(pairs: Iterable[str] | Mapping[str, str] | None, a: Sequence[pd.DataFrame],
+                b: Sequence[pd.DataFrame], a_name: str = "the first source", b_name: str = "the other sources") -> None:
+    """ConfigError for a --pair A=B whose A designates no kernel of `a` (one-row-per-kernel
+    frames) or whose B none of `b`: a pair that matches nothing would be silently ignored."""
+    for x, y in parse_pairs(pairs):
+        for name, frames, where in ((x, a, a_name), (y, b, b_name)):
+            if not any(not f.empty and _matches(f, name).any() for f in frames):
+                have = sorted({str(v) for f in frames if not f.empty and "function" in f.columns
+                               for v in f["function"].dropna()})
+                listed = ", ".join(escape_text(h) for h in have[:8]) + (" ..." if len(have) > 8 else "")
+                raise ConfigError(f"--pair {escape_text(x)}={escape_text(y)}: no kernel of {escape_text(where)} is "
+                                  f"{escape_text(name)!r} (its kernels: {listed or 'none profiled'}); name a kernel by "
+                                  "function name, demangled name or #ID")
 
 
 def match_kernels(a: pd.DataFrame, b: pd.DataFrame, keys: Sequence[str] = (),
@@ -514,6 +529,7 @@ def compare_all(a: str | Path, b: str | Path, pairs: Iterable[str] | Mapping[str
     run_b, mb = _open(b)
     out: dict[str, pd.DataFrame] = {}
     ka, kb = kernel_summary(ma), kernel_summary(mb)
+    check_pairs(pairs, [ka], [kb], str(a), str(b))
     if not ka.empty and not kb.empty:
         keys = _point_keys(ka, kb)
         matched = match_kernels(ka, kb, keys, pairs)

@@ -4,6 +4,7 @@ messages and exit codes, option bundles and table printing."""
 from __future__ import annotations
 
 import contextlib
+import linecache
 import math
 import numbers
 import os
@@ -15,7 +16,10 @@ from typing import Any, Callable, Iterable, Iterator
 
 import click
 
-from characterize.errors import CharacterizeError
+from characterize.errors import CharacterizeError, FileSystemError, describe_os_error, escape_text
+
+#: the exit code of a refused file operation (disk full, read-only, a file where a directory belongs, ...)
+FILE_SYSTEM_EXIT = FileSystemError.exit_code
 
 
 class Terminated(KeyboardInterrupt):
@@ -32,8 +36,17 @@ def _terminate(signum: int, _frame: object) -> None:
 
 
 class Group(click.Group):
-    """Turns domain errors into messages instead of tracebacks, and termination signals
-    into an orderly exit."""
+    """Turns domain errors into messages instead of tracebacks, file-system errors into
+    one line naming the path and the operation, and termination signals into an orderly
+    exit. Messages are escaped: a file or kernel name cannot split the line or drive the
+    terminal."""
+
+    def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
+                     **extra: Any) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.ClickException as e:
+            raise _escaped(e) from None
 
     def invoke(self, ctx: click.Context) -> Any:
         previous = {}
@@ -41,10 +54,30 @@ class Group(click.Group):
             for sig in (signal.SIGTERM, signal.SIGHUP):
                 previous[sig] = signal.signal(sig, _terminate)
         try:
-            return super().invoke(ctx)
+            try:
+                os.getcwd()
+            except OSError:   # before anything resolves a relative path or loads a library against it
+                click.echo("error: the working directory no longer exists (it was deleted or moved); cd to an "
+                           "existing directory and run the command again", err=True)
+                ctx.exit(FILE_SYSTEM_EXIT)
+            result = super().invoke(ctx)
+            sys.stdout.flush()   # output held in a buffer fails here, not silently at exit
+            return result
         except CharacterizeError as e:
-            click.echo(f"error: {e}", err=True)
+            for line in str(getattr(e, "detail", "") or "").splitlines():
+                click.echo(f"  {escape_text(line)}", err=True)
+            click.echo(f"error: {escape_text(str(e))}", err=True)
             ctx.exit(e.exit_code)
+        except click.ClickException as e:   # a usage error naming a value from outside (a path, say)
+            raise _escaped(e) from None
+        except BrokenPipeError:
+            raise   # stdout closed by its reader (`| head`): click exits quietly
+        except OSError as e:
+            op = _operation(e)
+            if op == "write to standard output":
+                _silence_stdout()
+            click.echo(f"error: {describe_os_error(e, op)}", err=True)
+            ctx.exit(FILE_SYSTEM_EXIT)
         except Terminated as e:
             click.echo(f"terminated by {signal.Signals(e.signum).name}; finished work is kept (--resume continues a "
                        "run)", err=True)
@@ -57,8 +90,82 @@ class Group(click.Group):
                 signal.signal(sig, handler)
 
 
+#: the call on the failing line of code -> the operation a message names
+_CALLS = (("mkstemp", "create a temporary file in"), ("makedirs", "create the directory"),
+          ("mkdir", "create the directory"), ("replace", "move into place"), ("rename", "move into place"),
+          ("rmtree", "remove"), ("unlink", "remove"), ("fsync", "write"), ("write", "write"), ("flock", "lock"),
+          ("read", "read"), ("open", "open"), ("chmod", "change the permissions of"), ("stat", "inspect"),
+          ("iterdir", "list"), ("glob", "list"), ("copy", "copy"), ("getcwd", "find the working directory"),
+          ("cwd", "find the working directory"), ("resolve", "resolve"), ("flush", "write"))
+
+
+def _operation(e: OSError) -> str:
+    """What the failing code was doing: the tag a library function gave the error, else
+    standard output when that is what broke, else the call on the innermost line of code."""
+    if getattr(e, "operation", None):
+        return str(e.operation)
+    tb = e.__traceback__
+    line = ""
+    while tb is not None:
+        frame = tb.tb_frame
+        line = linecache.getline(frame.f_code.co_filename, tb.tb_lineno) or line
+        if e.filename is None and (_is_stdout(frame.f_locals.get("file")) or "sys.stdout" in line):
+            return "write to standard output"   # click.echo's stream, or our own flush of it
+        tb = tb.tb_next
+    for call, op in _CALLS:
+        if f"{call}(" in line:
+            return op
+    return "use"
+
+
+def _escaped(e: click.ClickException) -> click.ClickException:
+    """A click error whose message has its outside text escaped (a file name holding a
+    newline or an escape sequence stays one line of plain text)."""
+    original = e.format_message
+    e.format_message = lambda: escape_text(original())  # type: ignore[method-assign]
+    return e
+
+
+def _plain_markup(text: str) -> str:
+    """Outside text (a dataset's or kernel's name) for a rich progress bar: control
+    characters escaped and rich's [markup] taken literally."""
+    from rich.markup import escape
+
+    return escape(escape_text(str(text)))
+
+
+def _is_stdout(stream: object) -> bool:
+    try:
+        return stream is not None and stream.fileno() == sys.__stdout__.fileno()  # type: ignore[attr-defined]
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
+def _silence_stdout() -> None:
+    """Standard output failed (a full device, say): point it at /dev/null, so the
+    interpreter's last flush does not fail a second time with a traceback."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
 def echo_err(msg: str) -> None:
-    click.echo(msg, err=True)
+    """A line (or lines) on stderr, outside text escaped (see echo)."""
+    click.echo(safe_lines(msg), err=True)
+
+
+def echo(msg: str = "") -> None:
+    """A line (or lines) on stdout with control characters from outside text escaped:
+    the line breaks of `msg` stay, a kernel name's escape sequence does not."""
+    click.echo(safe_lines(msg))
+
+
+def safe_lines(msg: str) -> str:
+    """`msg` with control characters escaped inside each of its lines."""
+    return "\n".join(escape_text(part) for part in str(msg).split("\n"))
 
 
 def _is_number(v: object) -> bool:
@@ -86,7 +193,7 @@ def _format_column(name: str, values: list[object], floatfmt: str | None,
         if v is None or (isinstance(v, float) and v != v) or (_is_number(v) and v != v):
             cells.append("")   # NaN: nothing to show
         elif isinstance(v, bool) or not _is_number(v):
-            cells.append(str(v))
+            cells.append(escape_text(str(v)))
         elif fraction:
             cells.append(f"{100 * float(v):.1f}%")
         elif pct:
@@ -111,13 +218,13 @@ def format_table(rows: list[dict], columns: list[str] | None = None, floatfmt: s
     cols = columns or list(rows[0])
     frac = set(fractions)
     formatted = [_format_column(c, [r.get(c) for r in rows], floatfmt, c in frac) for c in cols]
-    widths = [max(len(c), *(len(x) for x in cells)) for c, (cells, _) in zip(cols, formatted)]
+    widths = [max(len(escape_text(str(c))), *(len(x) for x in cells)) for c, (cells, _) in zip(cols, formatted)]
 
     def line(cells: list[str]) -> str:
         return "  ".join(cell.rjust(w) if numeric else cell.ljust(w)
                          for cell, w, (_, numeric) in zip(cells, widths, formatted)).rstrip()
 
-    out = [line(list(cols)), "  ".join("-" * w for w in widths)]
+    out = [line([escape_text(str(c)) for c in cols]), "  ".join("-" * w for w in widths)]
     for i in range(len(rows)):
         out.append(line([cells[i] for cells, _ in formatted]))
     return out
@@ -181,7 +288,7 @@ class _BarTask(_PlainTask):
 
     def advance(self, n: int = 1, item: str = "") -> None:
         self.done += n
-        self._show(**({"item": item} if item else {}))
+        self._show(**({"item": _plain_markup(item)} if item else {}))
 
 
 class TerminalReporter:
@@ -222,7 +329,7 @@ class TerminalReporter:
             self.progress = None
 
     def message(self, text: str) -> None:
-        line = f"{self.indent}{text}"
+        line = f"{self.indent}" + "\n".join(escape_text(part) for part in str(text).split("\n"))
         if self.quiet:
             return
         if self.progress is not None:
@@ -237,7 +344,7 @@ class TerminalReporter:
             task = _PlainTask(self.message if self.summaries else None, title, total, unit)
             yield task
         else:
-            task_id = self.progress.add_task(self.indent + title, total=total, item="", count="")
+            task_id = self.progress.add_task(self.indent + _plain_markup(title), total=total, item="", count="")
             task = _BarTask(self.progress, task_id, total, unit)
             try:
                 yield task
@@ -248,16 +355,42 @@ class TerminalReporter:
             self.message(f"{title}: {task.summary or 'done'} ({time.perf_counter() - start:.1f} s)")
 
 
+class Count(click.ParamType):
+    """An integer as people write large ones: 500000, 500_000 or 5e5 (exactly integral;
+    2.5, nan and 1e400 are not counts). Ranges are the workload's to check."""
+
+    name = "integer"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        text = str(value).strip().replace("_", "")
+        try:
+            return int(text)
+        except ValueError:
+            pass
+        try:
+            number = float(text)
+        except ValueError:
+            number = math.nan
+        if math.isfinite(number) and number.is_integer() and abs(number) < 2**63:
+            return int(number)
+        self.fail(f"{escape_text(str(value))!r} is not a whole number (write 500000, 500_000 or 5e5)", param, ctx)
+
+
+COUNT = Count()
+
+
 def workload_options(f: Callable) -> Callable:
     """The workload in the field's vocabulary (FBGEMM-style reusable option bundle)."""
     opts = [
-        click.option("--T", "T", type=int, default=None, help="embedding tables [12]"),
-        click.option("--E", "E", type=int, default=None, help="rows per table [500000]"),
-        click.option("--D", "D", type=int, default=None, help="embedding dimension [128]"),
-        click.option("--B", "B", type=int, default=None, help="batch size (bags per table) [2048]"),
+        click.option("--T", "T", type=COUNT, default=None, help="embedding tables [12]"),
+        click.option("--E", "E", type=COUNT, default=None, help="rows per table [500000]"),
+        click.option("--D", "D", type=COUNT, default=None, help="embedding dimension [128]"),
+        click.option("--B", "B", type=COUNT, default=None, help="batch size (bags per table) [2048]"),
         click.option("--L", "L", default=None, help="pooling factor: N, uniform:LO:HI or poisson:MEAN [150]"),
         click.option("--mode", type=click.Choice(["sum", "mean"]), default=None, help="pooling mode [sum]"),
-        click.option("--batches", type=int, default=None, help="batches per generated trace [8]"),
+        click.option("--batches", type=COUNT, default=None, help="batches per generated trace [8]"),
         click.option("--seed", type=int, default=None, help="seed of generated data [0]"),
     ]
     for o in reversed(opts):

@@ -8,7 +8,7 @@ import time
 import click
 
 from characterize.analysis.model.e2e import BACKWARDS, OPTIMIZERS
-from characterize.cli.base import TerminalReporter, csv_list, echo_err, main, print_rows
+from characterize.cli.base import TerminalReporter, csv_list, echo, echo_err, main, print_rows
 
 #: keys of every object `e2e --json` prints (more follow where they apply)
 E2E_KEYS = ("variant", "dataset", "phase", "stage", "time_us", "time_us_low", "time_us_high", "source")
@@ -49,22 +49,22 @@ def e2e(experiment: str, variants: str | None, archs: str | None, bottom: str | 
     if as_json:
         keep = [c for c in out.rows.columns if c in E2E_KEYS or c in ("gpu", "speedup_e2e", "speedup_embedding",
                                                                        "embedding_share")]
-        click.echo(json.dumps(out.rows[keep].to_dict("records"), indent=1, default=str))
+        echo(json.dumps(out.rows[keep].to_dict("records"), indent=1, default=str))
     else:
         totals = out.rows[out.rows["stage"] == "total"]
         cols = ["variant", "dataset", "gpu", "phase", "source", "time_us", "time_us_low", "time_us_high",
                 "embedding_share", "speedup_e2e", "speedup_embedding"]
         print_rows(totals[[c for c in cols if c in totals.columns]].to_dict("records"))
-        click.echo("\ntime per batch; speedups over base end to end and of the embedding stage alone "
+        echo("\ntime per batch; speedups over base end to end and of the embedding stage alone "
                    "(paper, A100: up to 1.77x end to end, 2.03x embedding). Predicted rows are the model's.")
         if not out.training.empty:
-            click.echo(f"\n{backward}'s kernel as the model reads it (static occupancy, hot loop from the SASS; "
+            echo(f"\n{backward}'s kernel as the model reads it (static occupancy, hot loop from the SASS; "
                        "`characterize sass --training` for all):")
             print_rows(out.training.to_dict("records"), ["kernel", "arch", "registers", "blocks_per_sm",
                                                          "lookups_per_iteration", "instructions",
                                                          "latencies_per_iteration", "atomics", "atomic_bits"])
         failed = ", ".join(sorted(set(bad["variant"])))
-        click.echo(f"CPU check of every step against torch autograd: {'FAILED for ' + failed if failed else 'all match'}")
+        echo(f"CPU check of every step against torch autograd: {'FAILED for ' + failed if failed else 'all match'}")
     echo_err(f"done in {time.perf_counter() - start:.1f} s")
     if not bad.empty:
         raise SystemExit(1)

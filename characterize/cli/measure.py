@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 import click
 
-from characterize.cli.base import TerminalReporter, csv_list, echo_err, main, print_rows
+from characterize.cli.base import TerminalReporter, csv_list, echo, echo_err, main, print_rows
+from characterize.errors import ConfigError
 
 
 # ------------------------------------------------------------ bench, profile
@@ -21,10 +23,16 @@ def experiment_options(f: Callable) -> Callable:
         click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
                      help="run directory [runs/<experiment>-<gpu>]"),
         click.option("--resume", is_flag=True, help="continue an interrupted run, keeping finished points"),
+        REMEASURE,
     ]
     for o in reversed(opts):
         f = o(f)
     return f
+
+
+REMEASURE = click.option("--remeasure", is_flag=True,
+                         help="on resume, measure again the finished points measured with other parameters, "
+                              "settings, trace contents or toolkit (refused otherwise, naming the difference)")
 
 
 def executor_options(f: Callable) -> Callable:
@@ -50,7 +58,7 @@ def _slurm(partition: str | None, gpus_per_task: int | None, time_min: int | Non
 
 def _prepare(experiment: str, out: Path | None, stage: str, resume: bool, backend: str,
              variants: str | None = None, datasets: str | None = None, executor: str = "local",
-             slurm: dict[str, Any] | None = None, **overrides: Any):
+             slurm: dict[str, Any] | None = None, remeasure: bool = False, **overrides: Any):
     """Load and validate the experiment, open the run directory for `stage`."""
     import dataclasses
 
@@ -68,32 +76,37 @@ def _prepare(experiment: str, out: Path | None, stage: str, resume: bool, backen
     if datasets:
         exp = dataclasses.replace(exp, datasets=tuple(csv_list(datasets)))
     info = require_gpu() if backend == "cuda" and executor == "local" else None
-    return exp, open_experiment_run(exp, out, stage, resume, info, backend, executor)
+    return exp, open_experiment_run(exp, out, stage, resume, info, backend, executor, remeasure)
 
 
 @main.command()
 @experiment_options
 @click.option("--modes", default=None, help="steady,cold [the experiment's]")
+@click.option("--timeout", type=float, default=None,
+              help="seconds a point may take before its worker is stopped and the point recorded as failed "
+                   "[the experiment's bench.timeout_s: 900]")
 @click.option("--backend", type=click.Choice(["cuda", "emulate"]), default="cuda", show_default=True,
               help="emulate times the CPU emulation: checks the harness, not GPU performance")
 @executor_options
 def bench(experiment: str, variants: str | None, datasets: str | None, out: Path | None, resume: bool,
-          modes: str | None, backend: str, executor: str, slurm_partition: str | None,
-          slurm_gpus_per_task: int | None, slurm_time: int | None) -> None:
+          remeasure: bool, modes: str | None, timeout: float | None, backend: str, executor: str,
+          slurm_partition: str | None, slurm_gpus_per_task: int | None, slurm_time: int | None) -> None:
     """Time variants x datasets with CUDA events (steady and cold L2)."""
     import dataclasses
 
     from characterize.analysis.compare import speedups
     from characterize.measure.executor import Placement, measure_stage
-    from characterize.measure.runner import pending_points
+    from characterize.measure.runner import pending_points, points_failed
     from characterize.pipeline import follow_points, load_experiment, measurable
     from characterize.store import load_run
 
     overrides = {}
-    if modes:
-        overrides["bench"] = dataclasses.replace(load_experiment(experiment).bench, modes=tuple(csv_list(modes)))
+    changes = {k: v for k, v in (("modes", tuple(csv_list(modes) or ()) if modes else None),
+                                 ("timeout_s", timeout)) if v is not None}
+    if changes:
+        overrides["bench"] = dataclasses.replace(load_experiment(experiment).bench, **changes).validate()
     exp, run = _prepare(experiment, out, "bench", resume, backend, variants, datasets, executor,
-                        _slurm(slurm_partition, slurm_gpus_per_task, slurm_time), **overrides)
+                        _slurm(slurm_partition, slurm_gpus_per_task, slurm_time), remeasure, **overrides)
     exp = measurable(exp, backend, "bench", echo_err, run)
     points = pending_points(run, "bench", exp)
     echo_err(f"bench {exp.name}: {len(points)} point(s) to time into {run.path} (backend {backend})")
@@ -105,16 +118,18 @@ def bench(experiment: str, variants: str | None, datasets: str | None, out: Path
     for mode in exp.bench.modes:
         s = speedups(r.bench, mode)
         if not s.empty:
-            click.echo(f"\n{mode} mode: latency per table launch (mean +- 95% CI) and speedups:")
+            echo(f"\n{mode} mode: latency per table launch (mean +- 95% CI) and speedups:")
             print_rows(s.to_dict("records"), ["variant", "dataset", "latency_us", "latency_ci95_us",
                                               "speedup_vs_base", "speedup_vs_torch", "effective_GBps", "hbm_pct",
                                               "reps", "stable"])
     if not r.failures.empty:
-        click.echo("\nfailed points:")
+        echo("\nfailed points:")
         print_rows(r.failures.to_dict("records"))
     if backend == "emulate":
-        click.echo("\nnote: CPU-emulation timings check the harness; they say nothing about GPU performance")
-    click.echo(f"\n{counts['ok']} point(s) measured, {counts['failed']} failed; run directory: {run.path}")
+        echo("\nnote: CPU-emulation timings check the harness; they say nothing about GPU performance")
+    echo(f"\n{counts['ok']} point(s) measured, {counts['failed']} failed; run directory: {run.path}")
+    if (failed := points_failed(run, "bench", counts)) is not None:
+        raise failed
 
 
 @main.command()
@@ -129,7 +144,7 @@ def bench(experiment: str, variants: str | None, datasets: str | None, out: Path
 @click.option("--timeout", type=float, default=900.0, show_default=True, help="seconds per point")
 @executor_options
 def profile(experiment: str, variants: str | None, datasets: str | None, out: Path | None, resume: bool,
-            ncu_path: str | None, cache_control: str | None, clock_control: str | None, metric_set: str | None,
+            remeasure: bool, ncu_path: str | None, cache_control: str | None, clock_control: str | None, metric_set: str | None,
             timeout: float, executor: str, slurm_partition: str | None, slurm_gpus_per_task: int | None,
             slurm_time: int | None) -> None:
     """Profile each point under Nsight Compute (one ncu process per point)."""
@@ -138,7 +153,7 @@ def profile(experiment: str, variants: str | None, datasets: str | None, out: Pa
 
     from characterize.measure.executor import Placement, measure_stage
     from characterize.measure.ncu import find_ncu
-    from characterize.measure.runner import pending_points
+    from characterize.measure.runner import pending_points, points_failed
     from characterize.pipeline import follow_points, load_experiment, measurable
 
     # through Slurm, --ncu names ncu as the nodes see it; without it, ncu must be found here too
@@ -148,8 +163,10 @@ def profile(experiment: str, variants: str | None, datasets: str | None, out: Pa
     changes = {k: v for k, v in (("cache_control", cache_control), ("clock_control", clock_control),
                                  ("metric_set", metric_set)) if v}
     overrides = {"profile": dataclasses.replace(base, **changes)} if changes else {}
+    if not (math.isfinite(timeout) and timeout > 0):
+        raise ConfigError(f"--timeout must be a positive number of seconds, got {timeout}")
     exp, run = _prepare(experiment, out, "profile", resume, backend, variants, datasets, executor,
-                        _slurm(slurm_partition, slurm_gpus_per_task, slurm_time), **overrides)
+                        _slurm(slurm_partition, slurm_gpus_per_task, slurm_time), remeasure, **overrides)
     exp = measurable(exp, backend, "profile", echo_err, run)
     points = pending_points(run, "profile", exp)
     echo_err(f"profile {exp.name}: {len(points)} point(s) with {ncu} (cache-control {exp.profile.cache_control}, "
@@ -158,7 +175,9 @@ def profile(experiment: str, variants: str | None, datasets: str | None, out: Pa
     with TerminalReporter(indent="") as reporter, reporter.task("profile", len(points), "points") as task:
         counts = follow_points(run, "profile", points, task,
                                lambda: measure_stage(run, "profile", exp, placement, reporter.message))
-    click.echo(f"{counts['ok']} point(s) profiled, {counts['failed']} failed; run directory: {run.path}")
+    echo(f"{counts['ok']} point(s) profiled, {counts['failed']} failed; run directory: {run.path}")
+    if (failed := points_failed(run, "profile", counts)) is not None:
+        raise failed
 
 
 # ----------------------------------------------------------------------- run
@@ -167,12 +186,14 @@ def profile(experiment: str, variants: str | None, datasets: str | None, out: Pa
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="run directory [runs/<experiment>-<gpu>]")
 @click.option("--resume", is_flag=True, help="continue an interrupted run, keeping finished points")
+@REMEASURE
 @click.option("--ncu", "ncu_path", default=None, help="path to the ncu executable (profiling on a GPU)")
 @click.option("--backend", type=click.Choice(["cuda", "emulate"]), default="cuda", show_default=True,
               help="emulate also times the CPU emulation without a GPU: checks the harness, not GPU performance")
 @executor_options
-def run_cmd(experiment: str, out: Path | None, resume: bool, ncu_path: str | None, backend: str, executor: str,
-            slurm_partition: str | None, slurm_gpus_per_task: int | None, slurm_time: int | None) -> None:
+def run_cmd(experiment: str, out: Path | None, resume: bool, remeasure: bool, ncu_path: str | None, backend: str,
+            executor: str, slurm_partition: str | None, slurm_gpus_per_task: int | None,
+            slurm_time: int | None) -> None:
     """The main job: build, characterize, measure (with a GPU) and summarize an experiment
     (a shipped experiment name, e.g. paper or quick, or a TOML file)."""
     from characterize.measure.executor import with_slurm_options
@@ -183,12 +204,12 @@ def run_cmd(experiment: str, out: Path | None, resume: bool, ncu_path: str | Non
     echo_err(f"experiment {exp.name}: {exp.description}")
     with TerminalReporter() as reporter:
         outcome = run_experiment(exp, out, resume=resume, progress=reporter, ncu=ncu_path, backend=backend,
-                                 executor=executor)
+                                 executor=executor, remeasure=remeasure)
     from characterize.store import load_run
 
     r = load_run(outcome.path)
     if not r.static.empty:
-        click.echo("\nstatic characterization (lookup kernels as configured):")
+        echo("\nstatic characterization (lookup kernels as configured):")
         view = r.static[(r.static["role"] == "lookup") & (~r.static["sweep"])]
         print_rows(view.to_dict("records"), ["variant", "arch", "maxrregcount", "registers", "spill_stores",
                                              "spill_loads", "blocks_per_sm", "theoretical_occupancy_pct", "limiter"])
@@ -198,14 +219,14 @@ def run_cmd(experiment: str, out: Path | None, resume: bool, ncu_path: str | Non
         # the paper's K and the rows fitting each target GPU's L2 (the report draws the whole curve)
         ks = [k for name, k in named_ks(exp.workload.row_bytes, exp.archs).items() if "persisting" not in name]
         cov = [f"top_{k}_coverage" for k in dict.fromkeys(ks) if f"top_{k}_coverage" in r.locality.columns]
-        click.echo("\ntrace locality (one table per dataset; top-K coverage at the paper's K and the rows fitting "
+        echo("\ntrace locality (one table per dataset; top-K coverage at the paper's K and the rows fitting "
                    "each target GPU's L2):")
         print_rows(r.locality.to_dict("records"), ["dataset", "lookups", "unique_rows", *cov, "reuse_p50",
                                                    "reuse_p90"], fractions=cov)
-    click.echo("\nsteps: " + "; ".join(f"{k}: {v.splitlines()[0]}" for k, v in outcome.steps.items()))
-    click.echo(f"run directory: {outcome.path}")
+    echo("\nsteps: " + "; ".join(f"{k}: {v.splitlines()[0]}" for k, v in outcome.steps.items()))
+    echo(f"run directory: {outcome.path}")
     if outcome.report:
-        click.echo(f"report: {outcome.report}")
+        echo(f"report: {outcome.report}")
     echo_err(f"finished in {time.perf_counter() - start:.1f} s")
     failed = {k: v.removeprefix("failed: ").splitlines()[0] for k, v in outcome.steps.items() if v.startswith("failed")}
     if failed:
@@ -236,11 +257,11 @@ def selftest(on_gpu: bool, out: Path | None, ncu_path: str | None, resume: bool)
                                "and `characterize run quick` test the CPU path)")
     with TerminalReporter() as reporter:
         result = selftest_gpu(out, ncu=ncu_path, resume=resume, progress=reporter)
-    click.echo(f"run directory: {result.run.path}")
+    echo(f"run directory: {result.run.path}")
     if result.run.report:
-        click.echo(f"report: {result.run.report}")
+        echo(f"report: {result.run.report}")
     echo_err(f"self-test finished in {result.seconds:.0f} s")
     if result.problems:
         raise StepsFailed(f"{len(result.problems)} problem(s): " + "; ".join(result.problems[:8]) +
                           (" ..." if len(result.problems) > 8 else "") + f"; what finished is in {result.run.path}")
-    click.echo("self-test passed: every variant matched torch on the GPU, and every point was timed and profiled")
+    echo("self-test passed: every variant matched torch on the GPU, and every point was timed and profiled")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from characterize.cli.base import main
+from characterize.cli.base import echo, main
 from characterize.errors import ConfigError
 
 #: keys of every object `predict --json` prints
@@ -74,7 +74,7 @@ def predict(experiment: str, archs: str | None, cache_ratio: str | None, dtypes:
     if as_json:
         keys = list(PREDICT_KEYS) + (list(HOST_KEYS) if host.any() else [])
         rows = df[keys].astype(object).where(df[keys].notna(), None).to_dict("records")
-        click.echo(json.dumps(rows, indent=2))
+        echo(json.dumps(rows, indent=2))
         return
     view = df.assign(dram_MB=df["dram_bytes"] / 1e6)
     print_rows(view.to_dict("records"), ["variant", "dtype", "dataset", "arch", "gpu", "time_us", "speedup_vs_base",
@@ -83,13 +83,13 @@ def predict(experiment: str, archs: str | None, cache_ratio: str | None, dtypes:
                                          "loads_in_flight", "constants"])
     grid = precision_grid(df)
     if not grid.empty:
-        click.echo("\nprecision x variant: predicted speedup over fp32 base (geometric mean over datasets):")
+        echo("\nprecision x variant: predicted speedup over fp32 base (geometric mean over datasets):")
         wide = grid.pivot_table(index=["gpu", "dtype"], columns="variant", values="speedup_vs_fp32_base",
                                 sort=False).reset_index()
         print_rows(wide.to_dict("records"), [str(c) for c in wide.columns])
     if host.any():
         h = df[host]
-        click.echo("\nhost-resident tables (per table launch; cache_hit_rate_pct: of a batch's unique rows; "
+        echo("\nhost-resident tables (per table launch; cache_hit_rate_pct: of a batch's unique rows; "
                    "uvm: GPU memory as a cache of 64 KiB pages; pct_of_all_gpu: base's time / this time):")
         row_bytes = h["dtype"].map(lambda dt: exp.workload.replace(dtype=dt).row_bytes)
         sweep = h.assign(cache_pct=100 * h["cache_ratio"], host_MB=h["host_bytes"] / 1e6,
@@ -99,9 +99,9 @@ def predict(experiment: str, archs: str | None, cache_ratio: str | None, dtypes:
                                               "lookup_us", "time_us", "pct_of_all_gpu"])
     notes = sorted(set(df["note"]) - {""})
     for n in notes:
-        click.echo(f"note: {n}")
+        echo(f"note: {n}")
     used = ", ".join(f"{g}: {c}" for g, c in df.groupby("gpu")["constants"].first().items())
-    click.echo(f"\nconstants: {used} (`characterize calibrate RUN_DIR` fits them to a measured run)")
+    echo(f"\nconstants: {used} (`characterize calibrate RUN_DIR` fits them to a measured run)")
     echo_err(f"predicted {len(df)} points in {time.perf_counter() - start:.1f} s")
 
 
@@ -118,15 +118,15 @@ def calibrate(run_dir: Path, gpu: str | None, as_json: bool) -> None:
     cal = fit_and_store(run_dir, gpu, progress=None if as_json else echo_err)
     path = cal.path
     if as_json:
-        click.echo(json.dumps(cal.to_dict() | {"path": str(path)}, indent=2))
+        echo(json.dumps(cal.to_dict() | {"path": str(path)}, indent=2))
         return
     fitted, default = cal.constants.to_dict(), cal.defaults.to_dict()
     rows = [{"constant": k, "default": default[k], "fitted": fitted[k], "fitted/default": fitted[k] / default[k],
              "free": k in cal.fitted} for k in fitted]
     print_rows(rows)
-    click.echo(f"\n{cal.gpu.name}: {cal.points} timed points, {cal.hit_points} L2 hit rates; geometric-mean "
+    echo(f"\n{cal.gpu.name}: {cal.points} timed points, {cal.hit_points} L2 hit rates; geometric-mean "
                f"absolute error {100 * cal.gmae_default:.1f}% with the defaults, {100 * cal.gmae_fitted:.1f}% fitted")
-    click.echo(f"stored in {path}")
+    echo(f"stored in {path}")
 
 
 @main.command("validate")
@@ -146,30 +146,30 @@ def validate(write: bool, as_json: bool) -> None:
     with TerminalReporter(indent="", quiet=as_json) as reporter:
         result = run_validate(write=write, progress=reporter)
     if as_json:
-        click.echo(json.dumps({"rows": result.rows.to_dict("records"), "summary": result.summary.to_dict("records"),
+        echo(json.dumps({"rows": result.rows.to_dict("records"), "summary": result.summary.to_dict("records"),
                                "proxies": result.proxies.to_dict("records"),
                                "default_summary": result.default_summary.to_dict("records"),
                                "error": result.error.to_dict(), "folds": result.folds,
                                "left_out": result.left_out.to_dict("records")}, indent=2, default=str))
         return
-    click.echo("each measurement, predicted with the published constants and held out (constants refitted on the "
+    echo("each measurement, predicted with the published constants and held out (constants refitted on the "
                "other sources):")
     print_rows(result.rows.to_dict("records"), ["id", "source", "gpu", "variant", "dataset", "mode", "measured_us",
                                                 "predicted_us", "error_pct", "cv_predicted_us", "cv_error_pct",
                                                 "band_low_us", "band_high_us"])
-    click.echo("\nleave-one-source-out cross-validation (bands widened by the other sources' errors):")
+    echo("\nleave-one-source-out cross-validation (bands widened by the other sources' errors):")
     print_rows(result.summary.to_dict("records"), ["source", "n", "gpus", "mape", "gmae", "inside_band"],
                fractions=["mape", "gmae", "inside_band"])
     if not result.proxies.empty:
-        click.echo("\nproxy rows (a paper's kernel no one can read, stood in for by our implementation of its design; "
+        echo("\nproxy rows (a paper's kernel no one can read, stood in for by our implementation of its design; "
                    "not in the figures above):")
         print_rows(result.proxies.to_dict("records"), ["source", "n", "gpus", "mape", "gmae", "inside_band"],
                    fractions=["mape", "gmae", "inside_band"])
-    click.echo("\nthe published constants, untouched by the corpus:")
+    echo("\nthe published constants, untouched by the corpus:")
     print_rows(result.default_summary.to_dict("records"), ["source", "n", "mape", "gmae", "inside_band"],
                fractions=["mape", "gmae", "inside_band"])
-    click.echo(f"\n{len(result.left_out)} corpus row(s) the model cannot express stay in the file with why "
+    echo(f"\n{len(result.left_out)} corpus row(s) the model cannot express stay in the file with why "
                "(`--json` lists them); " + result.error.sentence())
     if write:
-        click.echo("stored: every prediction now carries this figure and its band")
+        echo("stored: every prediction now carries this figure and its band")
     echo_err(f"done in {time.perf_counter() - start:.1f} s")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from characterize.cli.base import TerminalReporter, echo_err, main, print_rows
+from characterize.cli.base import TerminalReporter, echo, echo_err, main, print_rows
 
 
 # -------------------------------------------------------------------- import
@@ -34,18 +34,17 @@ def import_cmd(report: Path, output: Path | None, as_wide: bool, run_name: str) 
                             "dram_bytes_read") if c in w.columns]
         print_rows(w[cols].to_dict("records"))
         return
+    from characterize.files import atomic_output
+
     blocked = next((d for d in output.parents if d.exists() and not d.is_dir()), None)
     if blocked is not None:
         raise ConfigError(f"cannot write {output}: {blocked} is a file, not a directory; choose another -o")
-    try:
-        output.parent.mkdir(parents=True, exist_ok=True)  # like `report -o`
+    with atomic_output(output, [report]) as f:   # a missing directory is created, like `report -o`
         if output.suffix == ".csv":
-            table.to_csv(output, index=False)
+            f.write(table.to_csv(index=False).encode())
         else:
-            table.to_parquet(output, index=False)
-    except OSError as e:
-        raise ConfigError(f"cannot write {output}: {e.strerror or e}; choose another -o") from None
-    click.echo(f"wrote {output} ({table.shape[0]} rows)")
+            table.to_parquet(f, index=False)
+    echo(f"wrote {output} ({table.shape[0]} rows)")
 
 
 # -------------------------------------------------------------------- report
@@ -69,7 +68,7 @@ def report(sources: tuple[Path, ...], output: Path, title: str | None, no_compar
     with TerminalReporter(indent="") as reporter, reporter.task(f"rendering {len(sources)} source(s)") as task:
         path = render_report(list(sources), output, title=title, compare=not no_compare, pairs=pairs)
         task.finish("rendered")
-    click.echo(f"report: {path}")
+    echo(f"report: {path}")
 
 
 # ------------------------------------------------------------------- compare
@@ -77,21 +76,21 @@ _KERNEL_COLS = ("variant", "dataset", "a_kernel", "b_kernel", "match", "metric",
 
 
 def _section(title: str, frame, columns=None, top: int | None = None) -> None:  # noqa: ANN001 - a DataFrame
-    click.echo(f"\n{title}")
+    echo(f"\n{title}")
     if frame is None or frame.empty:
-        click.echo("(nothing)")
+        echo("(nothing)")
         return
     rows = frame.head(top).to_dict("records") if top else frame.to_dict("records")
     cols = [c for c in (columns or frame.columns) if c in frame.columns]
     print_rows(rows, cols)
     if top and len(frame) > top:
-        click.echo(f"... {len(frame) - top} more (--top)")
+        echo(f"... {len(frame) - top} more (--top)")
 
 
 @main.command()
 @click.argument("a", type=click.Path(exists=True, path_type=Path))
 @click.argument("b", type=click.Path(exists=True, path_type=Path))
-@click.option("--top", type=int, default=40, show_default=True, help="rows to show per table")
+@click.option("--top", type=click.IntRange(min=1), default=40, show_default=True, help="rows to show per table")
 @click.option("--metric", "metric_filter", default=None,
               help="also list every raw ncu metric containing this text, matched kernel by matched kernel")
 @click.option("--pair", "pairs", multiple=True, metavar="A=B",
@@ -111,9 +110,9 @@ def compare(a: Path, b: Path, top: int, metric_filter: str | None, pairs: tuple[
     if as_json:
         out = {k: v.to_dict("records") for k, v in parts.items()}
         out |= {"shared": both.to_dict("records"), "unmatched": unmatched.to_dict("records")}
-        click.echo(json.dumps(out, indent=1, default=str))
+        echo(json.dumps(out, indent=1, default=str))
         return
-    click.echo(f"A = {a}\nB = {b}")
+    echo(f"A = {a}\nB = {b}")
     k = parts.get("kernels")
     if k is not None:
         kk = k.copy()
@@ -130,7 +129,7 @@ def compare(a: Path, b: Path, top: int, metric_filter: str | None, pairs: tuple[
                                   "ci95_us_b", "delta_us", "delta_pct", "significant"), top)
         _section("Static characterization: changed values", parts["static"],
                  ("variant", "arch", "role", "maxrregcount", "sweep", "column", "a", "b", "delta"), top)
-        click.echo(f"({int(parts['static_unchanged']['rows'].iloc[0])} static row(s) unchanged)")
+        echo(f"({int(parts['static_unchanged']['rows'].iloc[0])} static row(s) unchanged)")
         _section("SASS hot loops: changed values", parts["sass"],
                  ("variant", "arch", "role", "kernel", "column", "a", "b", "delta"), top)
         p = parts["predictions"]

@@ -12,6 +12,7 @@ import click
 from characterize.cli.base import (
     TerminalReporter,
     csv_list,
+    echo,
     echo_err,
     main,
     print_rows,
@@ -67,7 +68,7 @@ def sass(archs: str, variants: str | None, D: int, params: tuple[str, ...], dtyp
                                 dtype=dtype)
         tally.note = f"{len(rows)} kernel(s) disassembled"
     if as_json:
-        click.echo(json.dumps([r.to_dict() for r in rows], indent=2))
+        echo(json.dumps([r.to_dict() for r in rows], indent=2))
         return
     table = []
     for r in rows:
@@ -79,7 +80,7 @@ def sass(archs: str, variants: str | None, D: int, params: tuple[str, ...], dtyp
                        "lookups_per_iteration", "row_loads", "index_loads", "load_bits", "local_mem_ops", "shuffles",
                        "prefetches", "latencies_per_iteration", "rows_in_flight", "nest_rows_in_flight",
                        "bytes_in_flight_per_warp"])
-    click.echo(f"\nrows in flight per warp = row loads / memory latencies serialized per iteration "
+    echo(f"\nrows in flight per warp = row loads / memory latencies serialized per iteration "
                f"(in-order replay, {MEMORY_LATENCY}-cycle global loads); nest_rows_in_flight: the same over the whole "
                f"loop nest for bags of {REFERENCE_L} lookups (index tiles, per-bag loads and bounds checks counted); "
                "local_mem_ops are spills inside the loop")
@@ -142,14 +143,14 @@ def _training(archs: list[str], kernels: list[str] | None, D: int, dtype: str, a
     start = time.perf_counter()
     facts = training_facts(kernels, archs, D=D, dtype=dtype)
     if as_json:
-        click.echo(json.dumps(facts.to_dict("records"), indent=2, default=str))
+        echo(json.dumps(facts.to_dict("records"), indent=2, default=str))
         return
     print_rows(facts.to_dict("records"), ["kernel", "arch", "role", "registers", "spill_stores", "spill_loads",
                                           "blocks_per_sm", "theoretical_occupancy_pct", "instructions",
                                           "lookups_per_iteration", "row_loads", "index_loads", "atomics",
                                           "atomic_bits", "local_mem_ops", "latencies_per_iteration",
                                           "rows_in_flight"])
-    click.echo("\nper hot-loop iteration: row loads gather bag-gradient rows (32 lanes x 32 bits each); atomics are "
+    echo("\nper hot-loop iteration: row loads gather bag-gradient rows (32 lanes x 32 bits each); atomics are "
                "global REDs/ATOMs (atomic_bits: what one lane updates); `characterize e2e --backward cuda-*` "
                "models each kernel from its lookups, instructions, latencies and atomics per iteration and its "
                "blocks per SM")

@@ -12,6 +12,7 @@ import click
 from characterize.cli.base import (
     TerminalReporter,
     csv_list,
+    echo,
     echo_err,
     main,
     print_rows,
@@ -33,10 +34,10 @@ def devices(as_json: bool) -> None:
 
     found = list_devices()
     if as_json:
-        click.echo(json.dumps([asdict(d) | {"arch": d.arch} for d in found], indent=2))
+        echo(json.dumps([asdict(d) | {"arch": d.arch} for d in found], indent=2))
         return
     if not found:
-        click.echo("No CUDA GPU is visible on this machine (NVML and torch found none).\n"
+        echo("No CUDA GPU is visible on this machine (NVML and torch found none).\n"
                    "Without a GPU you can still run: characterize build, check, workload stats, predict, "
                    "import, report, run (static + locality + model).")
         return
@@ -62,10 +63,11 @@ def build(archs: str, variants: str | None, caps: str | None, D: int, params: tu
     """Compile every variant per architecture; registers, spills and theoretical occupancy."""
     from characterize.hardware.specs import parse_archs
     from characterize.kernels.build import reported_builds
+    from characterize.kernels.registry import check_caps
     from characterize.kernels.static import static_characterization
 
     arch_list = parse_archs(archs)
-    cap_list = [int(c) for c in csv_list(caps) or []]
+    cap_list = check_caps(csv_list(caps) or [])
     start = time.perf_counter()
     with TerminalReporter(indent="", quiet=as_json) as reporter, \
             reported_builds(reporter, f"compiling the kernel family ({dtype}) for {', '.join(arch_list)}"):
@@ -73,7 +75,7 @@ def build(archs: str, variants: str | None, caps: str | None, D: int, params: tu
                                        params=parse_param_overrides(params), dtype=dtype)
     elapsed = time.perf_counter() - start
     if as_json:
-        click.echo(json.dumps([r.to_dict() for r in rows], indent=2))
+        echo(json.dumps([r.to_dict() for r in rows], indent=2))
         return
     configured = [r.to_dict() for r in rows if not r.sweep]
     cols = ["variant", "dtype", "arch", "maxrregcount", "role", "kernel", "registers", "spill_stores", "spill_loads",
@@ -81,13 +83,13 @@ def build(archs: str, variants: str | None, caps: str | None, D: int, params: tu
     print_rows(configured, cols)
     sweep = [r.to_dict() for r in rows if r.sweep and r.variant in ("base", "rpf", "warp")]
     if sweep:
-        click.echo("\nregister sweep (lookup kernels):")
+        echo("\nregister sweep (lookup kernels):")
         print_rows(sweep, ["variant", "arch", "maxrregcount", "registers", "spill_stores", "spill_loads",
                            "blocks_per_sm", "theoretical_occupancy_pct", "limiter"])
     capped = {(r.variant, r.arch): r.maxrregcount for r in rows if not r.sweep and r.role == "lookup"
               and r.maxrregcount is not None}
     caps_used = ", ".join(f"{v} {a}: {c}" for (v, a), c in capped.items()) or "-"
-    click.echo(f"\nregister caps of the capped variants (chosen per kernel unless given): {caps_used}; "
+    echo(f"\nregister caps of the capped variants (chosen per kernel unless given): {caps_used}; "
                f"compiler: {rows[0].compiler if rows else '-'}")
     echo_err(f"done in {elapsed:.1f} s")
 
@@ -122,7 +124,7 @@ def check(variants: str | None, datasets: str, backend: str, paper_shape: bool, 
                              parse_param_overrides(params), progress=None if as_json else echo_err,
                              dtypes=list(DTYPES) if dtypes == "all" else csv_list(dtypes))
     if as_json:
-        click.echo(json.dumps([r.to_dict() for r in results], indent=2))
+        echo(json.dumps([r.to_dict() for r in results], indent=2))
     else:
         print_rows([r.to_dict() for r in results], ["variant", "dtype", "dataset", "mode", "backend", "max_abs_err",
                                                      "tolerance", "offset2bag_ok", "bag_size_ok", "passed", "error", "note"])

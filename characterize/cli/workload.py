@@ -11,6 +11,7 @@ import click
 
 from characterize.cli.base import (
     TerminalReporter,
+    echo,
     echo_err,
     main,
     print_rows,
@@ -36,7 +37,7 @@ def workload_presets(as_json: bool) -> None:
     rows = [{"preset": h.name, "alpha": h.alpha, "offset_q_frac_E": h.q, "hot_pool_frac_E": h.pool,
              "uniform_background": h.background, "description": h.description} for h in PRESETS.values()]
     if as_json:
-        click.echo(json.dumps(rows, indent=2))
+        echo(json.dumps(rows, indent=2))
     else:
         print_rows(rows)
 
@@ -85,7 +86,7 @@ def workload_stats(source: str, E: int | None, top_k: tuple[int, ...], gpu: str,
         out = stats.to_json() | {"source": source, "table": table, "view": res.view,
                                  "file_lookups": res.file_lookups, "tables_in_file": res.tables_in_file,
                                  "l2_rows": {spec.name: l2_rows}, "seconds": elapsed}
-        click.echo(json.dumps(out, indent=2))
+        echo(json.dumps(out, indent=2))
         return
     if res.view == "file":
         part = "" if stats.lookups == res.file_lookups else f"the first {stats.lookups:,} of "
@@ -96,15 +97,15 @@ def workload_stats(source: str, E: int | None, top_k: tuple[int, ...], gpu: str,
                 f"L={config.L}, read circularly{held})")
     else:
         view = f"{stats.lookups:,} generated lookups"
-    click.echo(f"{source} (table {table}): {view}, over {rows:,} rows of {config.row_bytes} B")
-    click.echo(f"  unique rows        {stats.unique_rows:,} ({stats.unique_rows / rows:.1%} of the table)")
-    click.echo(f"  bytes touched      {stats.bytes_touched / 2**20:,.1f} MiB")
+    echo(f"{source} (table {table}): {view}, over {rows:,} rows of {config.row_bytes} B")
+    echo(f"  unique rows        {stats.unique_rows:,} ({stats.unique_rows / rows:.1%} of the table)")
+    echo(f"  bytes touched      {stats.bytes_touched / 2**20:,.1f} MiB")
     for k, v in stats.top_k_coverage.items():
         note = f"  (rows fitting the {spec.name} L2)" if k == l2_rows else ""
-        click.echo(f"  top-{k:<8,} coverage {v:.1%}{note}")
+        echo(f"  top-{k:<8,} coverage {v:.1%}{note}")
     q = "  ".join(f"{k}={v:,.0f}" for k, v in stats.reuse_distance_quantiles.items())
-    click.echo(f"  reuse distance     {q}  (distinct rows between re-reads)")
-    click.echo(f"  first reads        {stats.cold_fraction:.1%} of lookups")
+    echo(f"  reuse distance     {q}  (distinct rows between re-reads)")
+    echo(f"  first reads        {stats.cold_fraction:.1%} of lookups")
     if res.view == "file" and source_is_file(source):
         echo_err("the file as it is; --as-consumed shows what the bench reads of it (batches x B x L, circularly)")
     echo_err(f"analyzed in {elapsed:.2f} s")
@@ -129,6 +130,6 @@ def workload_generate(spec: str, output: Path, **wl: Any) -> None:
     config = workload_from(None, **wl)
     ds = generate(spec, config)
     write_trace(ds, output)
-    click.echo(f"wrote {output} ({config.T} tables, {sum(len(t.indices) for t in ds.tables):,} lookups)")
+    echo(f"wrote {output} ({config.T} tables, {sum(len(t.indices) for t in ds.tables):,} lookups)")
 
 

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 import pandas as pd
 
-from characterize.errors import ReportError
+from characterize.errors import ReportError, escape_text
 from characterize.extract.ncu_rep import _REPORT_MAGIC, _existing_file
 from characterize.extract.schema import (
     _FRIENDLY_BY_LABEL,
@@ -138,6 +138,11 @@ def _csv_table(path: Path) -> _CsvTable:
             f"`ncu --csv --page details` or `--page raw` (or `ncu --import x.ncu-rep --csv ...`).{hint}"
         )
     header = [h.strip().lstrip("\ufeff") for h in _parse_line(path, start + 1, lines[start]) or []]
+    for i, name in enumerate(header):   # two columns of one name: which one holds the values is a guess
+        if name and name in header[:i]:
+            raise ReportError(f"{path}, line {start + 1}: two {escape_text(name)!r} columns (fields "
+                              f"{header.index(name) + 1} and {i + 1}); the export was edited or joined, export it "
+                              "again with `ncu --csv`")
     units: list[str] | None = None
     rows: list[list[str]] = []
     numbers: list[int] = []
@@ -156,6 +161,7 @@ def _csv_table(path: Path) -> _CsvTable:
             continue
         first = row[0].strip()
         if first.isdigit() and len(row) >= 4:
+            _kernel_id(first, path, n)
             rows.append(row)
             numbers.append(n)
         elif maybe_units:
@@ -181,6 +187,15 @@ def _check_last_row(path: Path, rows: list[list[str]], line: int, header_fields:
     if len(last) < usual:
         raise ReportError(f"{path}, line {line}: the export ends in the middle of a row ({len(last)} of {usual} "
                           "fields); it is truncated, export it again with `ncu --csv`")
+
+
+def _kernel_id(text: str, path: Path, line: int) -> int:
+    """A kernel ID: ASCII digits that fit 64 bits ('²' is a digit to Python, not an ID)."""
+    if not (text.isascii() and text.isdigit()) or len(text) > 19 or int(text) >= 2**63:
+        raise ReportError(f"{path}, line {line}: kernel ID {escape_text(text)[:30]!r} is not an ID (a number below "
+                          "2^63 in ASCII digits); the export is damaged or was edited, export it again with "
+                          "`ncu --csv`")
+    return int(text)
 
 
 def _cell(row: Sequence[str], index: int | None) -> str:

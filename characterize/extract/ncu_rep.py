@@ -17,7 +17,7 @@ from typing import Any
 
 import pandas as pd
 
-from characterize.errors import ReportError
+from characterize.errors import ReportError, escape_text
 from characterize.extract.schema import (
     _dims_from_values,
     _frame,
@@ -25,6 +25,7 @@ from characterize.extract.schema import (
     _report_nvtx_stack,
     normalize_unit,
 )
+from characterize.files import file_kind
 
 # ---------------------------------------------------------------------------
 # .ncu-rep reader
@@ -50,7 +51,7 @@ def _existing_file(path: str | Path) -> Path:
     if not p.exists():
         raise ReportError(f"{p}: no such file; check the path (profile runs keep the report in the run directory)")
     if not p.is_file():
-        raise ReportError(f"{p}: is a directory or special file, not a report file")
+        raise ReportError(f"{escape_text(str(p))}: is {file_kind(p.stat().st_mode)}, not a report file")
     return p
 
 

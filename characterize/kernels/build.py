@@ -18,6 +18,7 @@ import json
 import os
 import re
 import shutil
+import struct
 import subprocess
 import tempfile
 import time
@@ -29,7 +30,13 @@ from typing import Any, Callable, Iterable, Iterator
 
 from characterize import toolchain
 from characterize.config import DTYPES
-from characterize.errors import BuildError, ToolchainNotFound
+from characterize.errors import (
+    BuildError,
+    FileSystemError,
+    ToolchainNamedMissing,
+    ToolchainNotFound,
+    describe_os_error,
+)
 from characterize.hardware.devices import driver_cuda_version
 from characterize.hardware.specs import ARCHS, REFERENCE_ARCH, nearest_arch
 from characterize.progress import Progress, Reporter, as_reporter
@@ -105,7 +112,7 @@ def find_nvcc() -> Toolchain:
     try:
         found = toolchain.find_all("nvcc", "CHARACTERIZE_NVCC")
     except toolchain.ToolNamedMissing as e:
-        raise ToolchainNotFound(f"nvcc: {e}; point $CHARACTERIZE_NVCC at an nvcc executable or unset it") from None
+        raise ToolchainNamedMissing(f"nvcc: {e}; point $CHARACTERIZE_NVCC at an nvcc executable or unset it") from None
     return choose_nvcc(found, *driver_cuda_version())
 
 
@@ -403,61 +410,196 @@ def _cache_dir(spec: BuildSpec, tool: Toolchain) -> Path:
     return cache_root() / "build" / hashlib.sha256(key_data.encode()).hexdigest()[:20]
 
 
+#: the shared library a build writes into its cache entry
+LIBRARY = "libchz.so"
+
+
+def _library_digest(lib: Path) -> str:
+    """SHA-256 of a library, read afresh every time (a few ms: an in-place damage keeps
+    the size and, within a clock tick, the modification time)."""
+    h = hashlib.sha256()
+    with open(lib, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def elf_whole(path: Path) -> bool:
+    """Whether a 64-bit little-endian ELF file holds every byte its headers point at: its
+    program and section header tables and the contents of every segment and section.
+    A truncated shared library fails this; mapped by the loader, it would end the
+    process with SIGBUS."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return False
+    size = len(data)
+    if size < 64 or data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        return False
+    phoff, shoff = struct.unpack_from("<QQ", data, 0x20)
+    phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", data, 0x36)
+    if phoff + phnum * phentsize > size or shoff + shnum * shentsize > size:
+        return False
+    for i in range(phnum):
+        offset, _, _, filesz = struct.unpack_from("<QQQQ", data, phoff + i * phentsize + 8)
+        if offset + filesz > size:
+            return False
+    for i in range(shnum):
+        (kind,) = struct.unpack_from("<I", data, shoff + i * shentsize + 4)
+        offset, length = struct.unpack_from("<QQ", data, shoff + i * shentsize + 0x18)
+        if kind != 8 and offset + length > size:   # SHT_NOBITS (.bss) occupies no bytes of the file
+            return False
+    return True
+
+
+def verified_entry(directory: Path) -> dict | None:
+    """build.json of a cache entry whose library is whole: present, of the size and
+    SHA-256 recorded when it was built. None for a missing, damaged or truncated entry
+    (rebuilt), so that a cut library never reaches the loader. An entry written before
+    sizes were recorded is adopted when its ELF structure is whole (and its record added)."""
+    try:
+        meta = json.loads((directory / "build.json").read_text())
+        lib = directory / LIBRARY
+        size = lib.stat().st_size
+        if not isinstance(meta["log"], str) or not meta["command"] or not meta["compiler"] or size == 0:
+            return None
+        recorded = meta.get("library")
+        if recorded is None:
+            if not elf_whole(lib):
+                return None
+            meta["library"] = {"bytes": size, "sha256": _library_digest(lib)}
+            with contextlib.suppress(OSError):
+                _write_meta(directory, meta)
+            return meta
+        if size != recorded["bytes"] or _library_digest(lib) != recorded["sha256"]:
+            return None
+        return meta
+    except (OSError, ValueError, KeyError, TypeError, struct.error):
+        return None
+
+
+def _write_meta(directory: Path, meta: dict) -> None:
+    """build.json written whole (a temporary file renamed over it)."""
+    fd, tmp = tempfile.mkstemp(prefix=".build.json.", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(meta, indent=1))
+        os.replace(tmp, directory / "build.json")
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+
+
 def is_cached(spec: BuildSpec) -> bool:
     """Whether `build(spec)` would reuse a cached library instead of compiling."""
-    return (_cache_dir(spec, _toolchain_for(spec)) / "build.json").is_file()
+    return verified_entry(_cache_dir(spec, _toolchain_for(spec))) is not None
+
+
+def _remove(path: Path) -> None:
+    """A cache entry (or whatever sits at its path) moved aside, then deleted."""
+    aside = path.with_name(f".{path.name}-{os.getpid()}-damaged")
+    try:
+        os.replace(path, aside)
+    except OSError:
+        aside = path
+    if aside.is_dir() and not aside.is_symlink():
+        shutil.rmtree(aside, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            aside.unlink()
+
+
+def _install(tmp: Path, final: Path) -> None:
+    """Put a finished build in place of its cache entry: a damaged entry there is
+    replaced; a whole one another process just finished is kept."""
+    for _ in range(3):
+        try:
+            os.replace(tmp, final)
+            return
+        except OSError:
+            if not final.exists() and not final.is_symlink():
+                raise
+            if verified_entry(final) is not None:   # another process finished the same build first
+                shutil.rmtree(tmp, ignore_errors=True)
+                return
+            _remove(final)   # damaged (truncated library, torn build.json, a stray file): replaced
+    raise BuildError(f"cannot replace the damaged build cache entry {final}; remove it by hand")
+
+
+def _cache_error(e: OSError, what: str) -> FileSystemError:
+    return FileSystemError(f"{describe_os_error(e, what)} (the build cache: $CHARACTERIZE_CACHE chooses another "
+                           "directory)")
 
 
 def build(spec: BuildSpec, *, force: bool = False) -> BuildResult:
-    """Compile (or fetch from the cache) the kernel family for `spec`."""
+    """Compile (or fetch from the cache) the kernel family for `spec`. A cached entry is
+    used only when its library verifies (size and SHA-256 recorded at build time); a
+    damaged one is rebuilt and replaced, and a build that wrote no library is an error,
+    never cached."""
     if not (kernels_dir() / spec.source).is_file():
         raise BuildError(f"kernel sources not found in {kernels_dir()} (set CHARACTERIZE_KERNELS)")
     tool = _toolchain_for(spec)
     final = _cache_dir(spec, tool)
     key = final.name
-    meta_path = final / "build.json"
-    if meta_path.is_file() and not force:
-        try:
-            meta = json.loads(meta_path.read_text())
+    if not force:
+        meta = verified_entry(final)
+        if meta is not None:
             return _result(spec, final, meta, cached=True)
-        except (OSError, ValueError, KeyError):
-            pass  # a damaged cache entry is rebuilt
-    final.parent.mkdir(parents=True, exist_ok=True)
-    _remove_litter(final.parent)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{key}-{os.getpid()}-", dir=final.parent))
     try:
-        cmd = spec.command(tool.path, tmp / "libchz.so")
+        final.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise _cache_error(e, "create the directory") from None
+    _remove_litter(final.parent)
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{key}-{os.getpid()}-", dir=final.parent))
+    except OSError as e:
+        raise _cache_error(e, "create a build folder in") from None
+    try:
+        cmd = spec.command(tool.path, tmp / LIBRARY)
         start = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True)
         seconds = time.perf_counter() - start
         log = proc.stdout + proc.stderr
+        lines = log.strip().splitlines()
         if proc.returncode != 0:
             if spec.target == "cuda" and spec.arch and "Unsupported gpu architecture" in log:
                 have = nvcc_archs()
                 raise BuildError(f"nvcc {tool.version} ({tool.path}) does not build {spec.arch}; it builds "
                                  f"{', '.join(have) or 'none it lists'}. Predictions for such a GPU read the code "
                                  f"of {buildable_arch(spec.arch)} (`characterize predict --arch {spec.arch}`)")
-            tail = "\n".join(log.strip().splitlines()[-25:])
-            raise BuildError(f"compiling {spec.source} for {spec.label()} failed ({tool.path}):\n{tail}")
+            said = next((ln.strip() for ln in lines if "error" in ln.lower()), lines[-1].strip() if lines else "")
+            raise BuildError(f"compiling {spec.source} for {spec.label()} failed ({tool.path}): {said}",
+                             detail="\n".join(lines[-25:]))
+        lib = tmp / LIBRARY
+        size = lib.stat().st_size if lib.is_file() else 0
+        if size == 0:
+            raise BuildError(f"compiling {spec.source} for {spec.label()} produced no library ({tool.path} exited 0 "
+                             f"but wrote {'an empty file' if lib.is_file() else 'nothing'}); nothing was cached",
+                             detail="\n".join(lines[-25:]))
         meta = {"command": cmd, "compiler": tool.describe(),
-                "log": log, "seconds": seconds}
-        (tmp / "build.json").write_text(json.dumps(meta, indent=1))
-        if force and final.exists():
-            shutil.rmtree(final, ignore_errors=True)
+                "log": log, "seconds": seconds, "library": {"bytes": size, "sha256": _library_digest(lib)}}
         try:
-            os.replace(tmp, final)
-        except OSError:  # another process finished the same build first
-            shutil.rmtree(tmp, ignore_errors=True)
+            (tmp / "build.json").write_text(json.dumps(meta, indent=1))
+            if force and final.exists():
+                _remove(final)
+            _install(tmp, final)
+        except OSError as e:
+            raise _cache_error(e, "write") from None
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    return _result(spec, final, json.loads(meta_path.read_text()), cached=False)
+    installed = verified_entry(final)
+    if installed is None:
+        raise BuildError(f"the build cache entry {final} did not verify right after it was written (another process "
+                         "replaced it, or the file system lost it); run the command again")
+    return _result(spec, final, installed, cached=False)
 
 
 def _result(spec: BuildSpec, directory: Path, meta: dict, cached: bool) -> BuildResult:
     log = meta["log"]
     warnings = tuple(line.strip() for line in log.splitlines() if "warning" in line.lower())
-    return BuildResult(spec=spec, library=directory / "libchz.so", compiler=meta["compiler"],
+    return BuildResult(spec=spec, library=directory / LIBRARY, compiler=meta["compiler"],
                        command=tuple(meta["command"]), log=log, kernels=parse_ptxas(log), warnings=warnings,
                        seconds=float(meta.get("seconds", 0.0)), cached=cached)
 

@@ -20,7 +20,15 @@ import numpy as np
 import torch
 
 from characterize.config import DTYPES, WorkloadConfig
-from characterize.errors import CharacterizeError, UnsupportedShape
+from characterize.errors import (
+    CharacterizeError,
+    FileSystemError,
+    MemoryBudgetError,
+    NoCudaDevice,
+    ToolchainNotFound,
+    UnsupportedShape,
+)
+from characterize.hardware.devices import require_gpu
 from characterize.kernels.fbgemm import FbgemmUnavailable
 from characterize.kernels.library import (
     Table,
@@ -34,8 +42,9 @@ from characterize.kernels.library import (
     table_dtype,
 )
 from characterize.kernels.registry import VARIANTS, get_variant
-from characterize.workloads.presets import HOTNESS_ORDER
-from characterize.workloads.traces import generate
+from characterize.memory import check_memory
+from characterize.workloads.presets import HOTNESS_ORDER, Hotness, parse_dataset
+from characterize.workloads.traces import generate, generation_bytes
 
 #: Tolerance per dtype, relative to (longest bag x largest |value|), plus 1e-6 absolute.
 #: The reference is computed from the same dequantized values the kernels read, so what
@@ -43,6 +52,10 @@ from characterize.workloads.traces import generate
 #: own kernel, which returns the table's dtype, the rounding of that output.
 ACCUMULATION_TOLERANCE = 1e-5
 OUTPUT_ROUNDING = {"fp32": 0.0, "fp16": 2.0**-10, "bf16": 2.0**-7, "int8": 0.0, "int8h": 0.0}
+
+
+#: errors that say the machine cannot run a check at all: raised, never a variant's failed check
+ENVIRONMENT = (FileSystemError, ToolchainNotFound, NoCudaDevice, MemoryBudgetError)
 
 
 def tolerance(dtype: str, variant: str, longest_bag: int, largest: float) -> float:
@@ -111,6 +124,8 @@ def check_one(variant: str, weight: Table, indices: torch.Tensor, offsets: torch
     except (UnsupportedShape, FbgemmUnavailable) as e:  # refused by design, or a peer not installed here
         return CheckResult(variant, dataset, mode, shape, backend, float("nan"), tol, None, None, None,
                            f"skipped: {e}", dtype)
+    except ENVIRONMENT:
+        raise   # the machine's problem (no compiler, a broken cache, no GPU), not the kernel failing its check
     except CharacterizeError as e:
         return CheckResult(variant, dataset, mode, shape, backend, float("nan"), tol, None, None, False, str(e),
                            dtype)
@@ -233,6 +248,8 @@ def check_cache_batches(variant: str, weight: Table, batches: list[tuple[torch.T
             stats = tk.cache.stats if tk.cache is not None else []
         finally:
             tk.close()
+    except ENVIRONMENT:
+        raise
     except CharacterizeError as e:
         return CheckResult(variant, dataset, mode, f"D={D} E={E} batches={len(batches)}", backend, float("nan"), tol,
                            None, None, False, str(e), dtype)
@@ -257,6 +274,18 @@ def _reads(variant: str, D: int, dtype: str) -> bool:
     return True
 
 
+def check_bytes(config: WorkloadConfig, dtypes: Iterable[str], datasets: Iterable[str] = ()) -> int:
+    """Host memory the check needs at most: every dtype's table, the float32 draw and the
+    float64 reference of one table, a copy the variant runs on, and one dataset's trace."""
+    kinds = list(dtypes) or [config.dtype]
+    tables = sum(config.replace(dtype=k).table_bytes for k in kinds if k in DTYPES)
+    widest = max((config.replace(dtype=k).table_bytes for k in kinds if k in DTYPES), default=0)
+    reference = config.E * config.D * (4 + 4 + 8)
+    traces = max((generation_bytes(h, config, 2) for h in (parse_dataset(d) for d in datasets)
+                  if isinstance(h, Hotness)), default=0)
+    return tables + widest + reference + traces
+
+
 def check_variants(variants: Iterable[str] | None = None, datasets: Iterable[str] = HOTNESS_ORDER,
                    config: WorkloadConfig | None = None, modes: Iterable[str] = ("sum", "mean"),
                    backend: str | None = None, params: dict[str, dict] | None = None,
@@ -272,6 +301,11 @@ def check_variants(variants: Iterable[str] | None = None, datasets: Iterable[str
     kinds = list(dtypes) if dtypes is not None else [config.dtype]
     for bad in set(kinds) - set(DTYPES):
         get_variant("base").check_dtype(bad)
+    if backend == "cuda":
+        require_gpu()   # before any work: NoCudaDevice, not a failure deep in torch
+    check_memory(check_bytes(config, kinds, datasets),
+                 f"checking on tables of E={config.E:,} x D={config.D} ({', '.join(kinds)})",
+                 "lower E or D (the check runs at a small odd shape unless --paper-shape or --E/--D say otherwise)")
     tables = {dt: make_table(dt, config.E, config.D, config.seed) for dt in kinds}
     for ds_name in datasets:
         ds = generate(ds_name, config, tables=[0])

@@ -4,8 +4,9 @@ compile flags and the kernel name ptxas reports it under.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -163,6 +164,21 @@ class Variant:
 _CAP = Param("maxrregcount", "register cap passed to nvcc -maxrregcount (default: chosen per architecture and "
                              "kernel; ptxas raises caps below 24 to 24; 255 leaves the kernel uncapped)",
              None, 24, 255)
+
+
+def check_caps(caps: Iterable[Any], where: str = "--maxrregcount") -> list[int]:
+    """Register caps of a sweep as integers, each a cap ptxas applies as given
+    (_CAP.low.._CAP.high); anything else is a ConfigError naming it."""
+    out = []
+    for c in caps:
+        text = str(c).strip()
+        value = int(text) if isinstance(c, (int, np.integer)) and not isinstance(c, bool) else \
+            int(text) if re.fullmatch(r"[0-9]{1,4}", text) else None
+        if value is None or not _CAP.low <= value <= _CAP.high:
+            raise ConfigError(f"{where}: {text!r} is not a register cap; give integers in {_CAP.low}..{_CAP.high} "
+                              f"(ptxas raises smaller caps to {_CAP.low} and ignores larger ones)")
+        out.append(value)
+    return out
 _P = Param("P", "prefetch distance: row loads kept in flight per thread (at a register cap of 48, P >= 5 "
                 "spills inside the loop: raise maxrregcount with it; `characterize sass` shows the spills)", 2, 1, 8)
 _K = Param("K", "hot rows kept in L2 (default: the GPU's persisting-L2 budget / row bytes)", None, 1)

@@ -61,7 +61,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 import pandas as pd
 
 from characterize import toolchain
-from characterize.errors import BuildError, ToolchainNotFound
+from characterize.errors import BuildError, ToolchainNamedMissing, ToolchainNotFound
 from characterize.kernels.build import (
     BuildResult,
     Toolchain,
@@ -94,7 +94,7 @@ def _find_tool(name: str, env_var: str) -> Toolchain:
     try:
         found = toolchain.find(name, env_var)
     except toolchain.ToolNamedMissing as e:
-        raise ToolchainNotFound(f"{name}: {e}; point ${env_var} at a {name} executable or unset it") from None
+        raise ToolchainNamedMissing(f"{name}: {e}; point ${env_var} at a {name} executable or unset it") from None
     if found is None:
         raise ToolchainNotFound(f"no {name} found (looked at {toolchain.searched(name, env_var)}); the SASS "
                                 f"analysis needs it. {INSTALL_HINT}")

@@ -10,6 +10,7 @@ stay light.
 
 from __future__ import annotations
 
+import numbers
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -17,11 +18,11 @@ from functools import lru_cache
 from typing import Any, Iterable
 
 from characterize.config import DEFAULT_ARCHS
-from characterize.errors import BuildError, ToolchainNotFound
+from characterize.errors import BuildError, ConfigError, ToolchainNotFound
 from characterize.hardware.specs import ARCHS, normalize_arch
 from characterize.kernels.build import BuildResult, BuildSpec, build_many
 from characterize.kernels.occupancy import register_steps, theoretical_occupancy
-from characterize.kernels.registry import VARIANTS, Variant, get_variant
+from characterize.kernels.registry import VARIANTS, Variant, check_caps, get_variant
 from characterize.kernels.sass import (
     MEMORY_LATENCY,
     LoopRow,
@@ -128,8 +129,8 @@ def static_characterization(variants: Iterable[str] | None = None, archs: Iterab
                             params: dict[str, dict[str, Any]] | None = None, dtype: str = "fp32") -> list[StaticRow]:
     """Rows for every compiled variant x architecture as configured (capped variants at
     their cap), plus one row per sweep cap for each variant's lookup kernel, for tables of `dtype`."""
+    caps = sorted(set(check_caps(sweep_caps)))
     plans = plan_variants(variants, archs, D, params, dtype)
-    caps = sorted(set(int(c) for c in sweep_caps))
     sweeps = [(p, BuildSpec("cuda", p.arch, c, dtype)) for p in plans if p.role == "lookup" and p.variant.honors_cap
               for c in caps]
     results = build_many({p.spec for p in plans} | {spec for _, spec in sweeps})
@@ -158,6 +159,8 @@ def plan_variants(variants: Iterable[str] | None = None, archs: Iterable[str] = 
                   params: dict[str, dict[str, Any]] | None = None, dtype: str = "fp32") -> list[Plan]:
     """What `analyze_variants` looks at, built as `static.static_characterization`
     builds it (capped variants at their default or given cap), from the `dtype` library."""
+    if isinstance(D, bool) or not isinstance(D, numbers.Integral) or D < 1:
+        raise ConfigError(f"D must be a positive integer, got {D!r}")
     names = list(variants) if variants is not None else [n for n, v in VARIANTS.items() if not v.test_only]
     chosen: list[Variant] = [get_variant(n) for n in names]
     params = params or {}

@@ -32,14 +32,14 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from characterize.config import ExperimentConfig, SlurmConfig
-from characterize.errors import SchedulerError
+from characterize.errors import RunDirError, SchedulerError
 from characterize.hardware.devices import devices
 from characterize.measure.ncu import find_ncu
 from characterize.measure.runner import ProfileSettings, bench_points, pending_points, profile_points
 from characterize.measure.worker import run_bench
 from characterize.progress import Progress
 from characterize.progress import quiet as _quiet
-from characterize.store import RunDir, load_run, write_atomic, write_json
+from characterize.store import RunDir, load_run, read_json, write_atomic, write_json
 
 try:  # a declared dependency; without it only --executor slurm is refused
     import submitit
@@ -284,9 +284,9 @@ def _cancel_leftovers(folder: Path, run: RunDir) -> None:
     record = folder / "submitted.json"
     if not record.is_file() or shutil.which("squeue") is None:
         return
-    try:
+    try:   # written by us, but a damaged record costs only the clean-up, never the sweep
         ids = [str(i) for i in json.loads(record.read_text()).get("slurm_arrays", [])]
-    except ValueError:
+    except (OSError, ValueError, AttributeError, TypeError):
         return
     live = {k: v for k, v in _slurm_states(ids).items() if v["state"] not in SLURM_FINAL}
     if live:
@@ -403,8 +403,8 @@ def submit_points(run: RunDir, kind: str, points: Sequence[tuple[str, str]], exe
 
 def _point_error(run: RunDir, kind: str, p: _Point) -> str:
     try:
-        return json.loads(run.point_path(kind, p.variant, p.dataset).read_text()).get("error", "?").splitlines()[0]
-    except (OSError, ValueError):
+        return str(read_json(run.point_path(kind, p.variant, p.dataset), kind).get("error", "?")).splitlines()[0]
+    except (OSError, ValueError, IndexError, RunDirError):
         return "no point written"
 
 
@@ -442,7 +442,7 @@ def measure_points(run: RunDir, kind: str, exp: ExperimentConfig, points: Sequen
     placement.validate()
     if placement.executor == "local":
         if kind == "bench":
-            return bench_points(run, list(points), placement.backend, progress)
+            return bench_points(run, list(points), placement.backend, progress, timeout_s=exp.bench.timeout_s)
         backend = None if placement.backend in (None, "cuda") else placement.backend
         return profile_points(run, exp, list(points), ProfileSettings(find_ncu(placement.ncu), placement.timeout_s,
                                                                         backend), progress)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TextIO
 
 from characterize import toolchain
-from characterize.errors import ConfigError, NcuError, NcuNotFound, NcuPermissionError
+from characterize.errors import ConfigError, NcuError, NcuNamedMissing, NcuNotFound, NcuPermissionError
 from characterize.extract.schema import HOPPER_STALL_REASONS, STALL_REASONS, stall_metric
 from characterize.measure.lifeline import parent_death_preexec
 
@@ -247,7 +247,7 @@ def find_ncu(explicit: str | Path | None = None, *, places: toolchain.Places = t
     try:
         found = toolchain.find("ncu", "CHARACTERIZE_NCU", explicit, places)
     except toolchain.ToolNamedMissing as e:
-        raise NcuNotFound(f"the ncu {'given explicitly' if e.where == 'given' else 'named by ' + e.where} "
+        raise NcuNamedMissing(f"the ncu {'given explicitly' if e.where == 'given' else 'named by ' + e.where} "
                           f"({e.path}) {e.why}; pass the path of the Nsight Compute command-line profiler, e.g. "
                           "--ncu /usr/local/cuda/bin/ncu") from None
     if found is None:

@@ -24,6 +24,7 @@ from characterize.errors import (
     CharacterizeError,
     NcuError,
     NcuPermissionError,
+    PointsFailed,
     RunDirError,
 )
 from characterize.extract.ncu_rep import read_report
@@ -48,7 +49,15 @@ from characterize.measure.worker import (
 )
 from characterize.progress import Progress
 from characterize.progress import quiet as _quiet
-from characterize.store import RunDir, RunLock, load_run, point_key
+from characterize.store import (
+    RunDir,
+    RunLock,
+    fingerprint_differences,
+    load_run,
+    point_fingerprint,
+    point_key,
+    read_json,
+)
 
 
 def pending_points(run: RunDir, kind: str, exp: ExperimentConfig, variants: Sequence[str] | None = None,
@@ -86,9 +95,41 @@ def _describe_exit(code: int) -> str:
     return f"exit code {code}"
 
 
+#: seconds between two looks at a bench worker (has it exited, has it moved on to another point)
+POLL_S = 0.25
+
+
+def _wait_worker(proc: subprocess.Popen, run: RunDir, remaining: list[tuple[str, str]], inflight: Path,
+                 timeout_s: float) -> tuple[int, str | None]:
+    """Wait for a bench worker; (exit code, None), or when it went `timeout_s` without
+    finishing the point it is on (or, before its first, without starting one), stop it
+    and return (its exit code, the key of that point or "" when none had started)."""
+    current, since = None, time.monotonic()
+    finished = 0
+    while True:
+        try:
+            return proc.wait(timeout=POLL_S), None
+        except subprocess.TimeoutExpired:
+            pass
+        key = inflight.read_text().strip() if inflight.is_file() else None
+        done = sum(run.point_path("bench", v, d).is_file() for v, d in remaining)
+        if key != current or done != finished:
+            current, finished, since = key, done, time.monotonic()
+        elif time.monotonic() - since > timeout_s:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            return proc.returncode, key or ""
+
+
 def bench_points(run: RunDir, points: list[tuple[str, str]], backend: str | None = None,
-                 progress: Progress = _quiet, max_restarts: int = 20) -> dict[str, int]:
-    """Time `points` in worker processes; returns counts of ok / failed points."""
+                 progress: Progress = _quiet, max_restarts: int = 20, timeout_s: float = 900.0) -> dict[str, int]:
+    """Time `points` in worker processes; returns counts of ok / failed points. A worker
+    that dies costs the point it was on; one that spends `timeout_s` on a point without
+    finishing it is stopped, the point recorded as failed, and a fresh worker goes on."""
     remaining = list(points)
     restarts = 0
     inflight = run.path / "points" / "bench" / INFLIGHT
@@ -96,7 +137,7 @@ def bench_points(run: RunDir, points: list[tuple[str, str]], backend: str | None
         inflight.unlink(missing_ok=True)
         proc = _start_worker(run, _worker_cmd(run.path, remaining, backend))
         try:
-            code = proc.wait()
+            code, stuck = _wait_worker(proc, run, remaining, inflight, timeout_s)
         except KeyboardInterrupt:  # Ctrl-C, or SIGTERM/SIGHUP turned into it by the CLI
             proc.terminate()  # SIGTERM: the worker unwinds (SIGINT may be ignored in background jobs)
             try:
@@ -111,6 +152,22 @@ def bench_points(run: RunDir, points: list[tuple[str, str]], backend: str | None
                 proc.stdin.close()
         finished = {(v, d) for v, d in remaining if run.point_path("bench", v, d).is_file()}
         remaining = [p for p in remaining if p not in finished]
+        if stuck is not None:
+            if not remaining:
+                break
+            # the point it was on, or (stuck before its first: loading the data) the next one
+            v, d = next((p for p in remaining if point_key(*p) == stuck), remaining[0])
+            why = (f"stopped after {timeout_s:g} s without finishing this point (bench.timeout_s, --timeout); the "
+                   f"worker made no progress; see {run.path / 'log.txt'}")
+            run.write_point("bench", v, d, {"status": "failed", "error": why})
+            run.log(f"bench {v} {d}: {why}")
+            progress(f"{v} {d}: no progress in {timeout_s:g} s, stopped; continuing with a fresh worker")
+            remaining.remove((v, d))
+            restarts += 1
+            if restarts > max_restarts:
+                raise RunDirError(f"bench workers were stopped or died {restarts} times; giving up "
+                                  f"(see {run.path / 'log.txt'})")
+            continue
         if code == 0 or not remaining:
             break
         # the worker died: blame the point it was working on, continue with a fresh one
@@ -133,8 +190,25 @@ def bench_points(run: RunDir, points: list[tuple[str, str]], backend: str | None
     inflight.unlink(missing_ok=True)
     pts = load_run(run.path).points("bench")
     keys = {point_key(v, d) for v, d in points}
-    mine = [p for p in pts if point_key(p["variant"], p["dataset"]) in keys]
-    return {"ok": sum(p.get("status") == "ok" for p in mine), "failed": sum(p.get("status") != "ok" for p in mine)}
+    ok = sum(p.get("status") == "ok" for p in pts if point_key(p["variant"], p["dataset"]) in keys)
+    return {"ok": ok, "failed": len(keys) - ok}   # a point not written is not measured either
+
+
+def points_failed(run: RunDir, kind: str, counts: dict[str, int]) -> PointsFailed | None:
+    """The error a bench or profile whose points did not all finish ends with (after it
+    printed what it measured), naming the first failure; None when every point finished."""
+    if not counts.get("failed"):
+        return None
+    total = counts["failed"] + counts.get("ok", 0)
+    failures = load_run(run.path).failures
+    first = ""
+    if not failures.empty:
+        row = failures.iloc[0]
+        first = f" (first: {row.get('variant', '?')} {row.get('dataset', '?')}: " \
+                f"{str(row.get('error', '')).splitlines()[0] if row.get('error') else 'no reason recorded'})"
+    every = "every one of the " if counts["failed"] == total else ""
+    return PointsFailed(f"{every}{counts['failed']} of {total} {kind} point(s) failed{first}; what finished is in "
+                        f"{run.path}, and --resume measures the failed points again")
 
 
 @dataclass(frozen=True)
@@ -350,19 +424,74 @@ def profile_points(run: RunDir, exp: ExperimentConfig, points: list[tuple[str, s
     return counts
 
 
-def open_run(path: Path, exp: ExperimentConfig, meta: dict, stage: str, resume: bool) -> RunDir:
+def open_run(path: Path, exp: ExperimentConfig, meta: dict, stage: str, resume: bool,
+             remeasure: bool = False) -> RunDir:
     """Open a run directory for a stage. Its writer lock is taken first (RunDirLocked
     while another process writes it); a directory holding another experiment is
-    refused; a stage with finished points needs --resume (or another --out)."""
+    refused; a stage with finished points needs --resume (or another --out). Finished
+    points measured with anything else than `meta`'s fingerprint says (parameters,
+    settings, a trace file's contents, the toolkit, the GPU), or that no meta.json
+    vouches for, are never reused: the resume is refused naming the difference, or with
+    `remeasure` those points are measured again and the others kept."""
     lock = RunLock.acquire(path)  # noqa: F841 - held until create() takes the same lock for the RunDir it returns
-    if (path / "meta.json").is_file():
+    fp = meta.get("fingerprint")
+    if (path / "meta.json").exists():
         existing = load_run(path)
-        old = existing.meta.get("experiment", {})
-        if old.get("workload") != exp.to_dict()["workload"] or old.get("name") != exp.name:
-            raise RunDirError(f"{path} holds a run of a different experiment or workload "
-                              f"({old.get('name')}); choose another --out")
+        old = existing.meta["experiment"]
+        if old.get("name") != exp.name:
+            raise RunDirError(f"{path} holds a run of a different experiment ({old.get('name')}); choose another "
+                              "--out")
         if existing.points(stage) and not resume:
             raise RunDirError(f"{path} already has {len(existing.points(stage))} {stage} point(s); pass --resume "
                               "to continue (finished points are kept) or choose another --out")
+        stale = _stale_points(path, fp)
+        if stale and not remeasure:
+            raise RunDirError(_stale_message(path, stale))
         return RunDir.create(path, meta, resume=True)
+    orphans = [f for kind in ("bench", "profile") for f in sorted(path.glob(f"points/{kind}/*.json"))
+               if _finished(f, kind)]
+    if orphans and not remeasure:
+        raise RunDirError(f"{path} holds {len(orphans)} measured point(s) but no meta.json, so nothing says what "
+                          "they measured and they cannot be reused; pass --remeasure to measure them again, or "
+                          "choose another --out")
+    for f in orphans:   # asked for: measured again from scratch
+        f.unlink(missing_ok=True)
     return RunDir.create(path, meta, resume=False)
+
+
+def _finished(path: Path, kind: str) -> bool:
+    try:
+        return read_json(path, kind).get("status") == "ok"
+    except RunDirError:
+        return False
+
+
+def _stale_points(path: Path, fp: dict | None) -> list[tuple[str, str, str, list[str]]]:
+    """(kind, variant, dataset, differences) of every finished point whose fingerprint
+    differs from the part of `fp` it depends on."""
+    if not fp:
+        return []
+    out = []
+    for kind in ("bench", "profile"):
+        for f in sorted(path.glob(f"points/{kind}/*.json")):
+            try:
+                pt = read_json(f, kind)
+            except RunDirError:
+                continue   # damaged: never reused, measured again
+            if pt.get("status") != "ok":
+                continue
+            want = point_fingerprint(fp, kind, pt["variant"], pt["dataset"])
+            if pt.get("fingerprint") != want:
+                diffs = fingerprint_differences(pt.get("fingerprint"), want, pt["variant"], kind)
+                out.append((kind, pt["variant"], pt["dataset"], diffs))
+    return out
+
+
+def _stale_message(path: Path, stale: list[tuple[str, str, str, list[str]]]) -> str:
+    diffs = list(dict.fromkeys(d for *_, ds in stale for d in ds))
+    shown = "; ".join(diffs[:4]) + (f"; and {len(diffs) - 4} more" if len(diffs) > 4 else "")
+    kinds = ", ".join(f"{sum(k == kind for k, *_ in stale)} {kind}" for kind in ("bench", "profile")
+                      if any(k == kind for k, *_ in stale))
+    return (f"{path} holds {len(stale)} finished point(s) ({kinds}) measured with something else than now: {shown}; "
+            "resuming would mix them with new ones. Pass --remeasure to measure those points again (the others are "
+            "kept), or choose another --out")

@@ -29,7 +29,15 @@ from typing import Any, Iterator
 import torch
 
 from characterize.config import ExperimentConfig, WorkloadConfig
-from characterize.errors import CharacterizeError, CheckMismatch, ConfigError, KernelLaunchError
+from characterize.errors import (
+    CharacterizeError,
+    CheckMismatch,
+    ConfigError,
+    FileSystemError,
+    KernelLaunchError,
+    describe_os_error,
+    escape_text,
+)
 from characterize.hardware.devices import require_gpu, sample_clocks, throttle_verdict
 from characterize.hardware.specs import REFERENCE_ARCH, gpu_spec
 from characterize.kernels.check import tolerance
@@ -126,6 +134,10 @@ class Session:
         if device.type == "cpu":  # emulation holds on the host what a GPU would, plus the generator's temporary
             check_memory(wl.device_bytes() + wl.table_bytes,
                          f"emulating {wl.T} table(s) of {format_bytes(wl.table_bytes)} on the CPU", "lower T, E or D")
+        elif any(get_variant(v).host != "none" for v in exp.variants):   # cache/uvm keep their tables on the host
+            check_memory(wl.T * wl.table_bytes + wl.table_bytes,
+                         f"keeping {wl.T} table(s) of {format_bytes(wl.table_bytes)} in host memory (cache, uvm)",
+                         "lower T, E or D")
         g = torch.Generator(device=device).manual_seed(wl.seed)
         tables = [as_dtype(torch.rand(wl.E, wl.D, generator=g, device=device) - 0.5, wl.dtype) for _ in range(wl.T)]
         return cls(exp, wl, backend, device, tables, gpu, index, identity, nvml_index)
@@ -319,7 +331,7 @@ def run_bench(run_dir: Path, points: list[tuple[str, str]], backend: str) -> int
                     failed["check"] = e.check  # type: ignore[attr-defined]
                 writer.write_point("bench", v, dataset, failed)
                 writer.log(f"bench {v} {dataset}: failed: {e}")
-                print(f"[{done}/{len(points)}] {v} {dataset}: FAILED: {e}", file=sys.stderr, flush=True)
+                print(escape_text(f"[{done}/{len(points)}] {v} {dataset}: FAILED: {e}"), file=sys.stderr, flush=True)
                 if isinstance(e, KernelLaunchError) and backend == "cuda":
                     inflight.unlink(missing_ok=True)
                     return EXIT_CUDA_ERROR
@@ -329,7 +341,7 @@ def run_bench(run_dir: Path, points: list[tuple[str, str]], backend: str) -> int
             msg = (f"[{done}/{len(points)}] {v} {dataset}: {steady['mode']} {steady['per_table_us']:.1f} us/table "
                    f"+-{100 * steady['rel_ci']:.1f}% ({steady['reps']} reps)")
             writer.log(f"bench {msg}")
-            print(msg, file=sys.stderr, flush=True)
+            print(escape_text(msg), file=sys.stderr, flush=True)
         inflight.unlink(missing_ok=True)
     return 0
 
@@ -588,8 +600,11 @@ def main(argv: list[str] | None = None, *, supervised: bool = False) -> int:
             return run_bench(args.run_dir, points, backend)  # type: ignore[arg-type]
         return run_profile_target(args.run_dir, args.variant, list(args.dataset), backend)
     except CharacterizeError as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
+        print(f"error: {escape_text(str(e))}", file=sys.stderr, flush=True)
         return e.exit_code
+    except OSError as e:   # a full disk, say: one line, as the CLI says it; the supervisor records the point
+        print(f"error: {describe_os_error(e)}", file=sys.stderr, flush=True)
+        return FileSystemError.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr, flush=True)
         return 130

@@ -80,9 +80,10 @@ def _metrics_why(s: Any) -> str:
 
 NEEDS: dict[str, Need] = {n.name: n for n in (
     Need("meta", "meta.json of the run", lambda s: bool(s.meta), lambda s: "meta.json holds nothing"),
-    Need("locality", "trace locality statistics (locality.json)", lambda s: bool(s.run.locality_raw),
-         lambda s: (f"the locality step was {_step(s, 'locality')}" if _step(s, "locality") else
-                    "no locality.json in the run directory; `characterize run` writes it (no GPU needed)")),
+    Need("locality", "trace locality statistics (locality.json)", lambda s: bool(s.locality_raw),
+         lambda s: s.errors.get("locality") or (
+             f"the locality step was {_step(s, 'locality')}" if _step(s, "locality") else
+             "no locality.json in the run directory; `characterize run` writes it (no GPU needed)")),
     Need("static", "static characterization (static.csv)", lambda s: not s.static_config.empty,
          lambda s: s.errors.get("static") or (f"the static step was {_step(s, 'static')}" if _step(s, "static")
                                               else "no static.csv in the run directory; `characterize run` or "

@@ -13,7 +13,9 @@ from typing import Any, Sequence
 import matplotlib
 
 from characterize import __version__
-from characterize.errors import ReportError
+from characterize.analysis.compare import check_pairs
+from characterize.errors import CharacterizeError, ReportError
+from characterize.files import check_output, write_atomic
 from characterize.report.blocks import Missing
 from characterize.report.layout import NEEDS, Panel
 from characterize.report.panels.compare import COMPARE_PANELS
@@ -21,7 +23,6 @@ from characterize.report.panels.imports import IMPORT_PANELS
 from characterize.report.panels.run import RUN_PANELS
 from characterize.report.provenance import PROVENANCE, Provenance
 from characterize.report.sources import Pair, RunSource, open_source
-from characterize.store import write_atomic
 
 TEMPLATES = Path(__file__).parent / "templates"
 # ================================================================== rendering
@@ -67,12 +68,18 @@ def _render_panel(panel: Panel, src: Any, strict: bool) -> RenderedPanel:
         prov_keys = ()
     rp = RenderedPanel(f"{src.slug}-{panel.id}", panel.title, panel.how,
                        [NEEDS[n].description for n in panel.needs], [PROVENANCE[k] for k in prov_keys if k], "")
-    for name in panel.needs:
-        need = NEEDS[name]
-        if not need.present(src):
-            rp.missing = need.why_missing(src)
-            rp.missing_need = True
-            return rp
+    try:   # a damaged file of a run costs the panels that need it, not the report
+        for name in panel.needs:
+            need = NEEDS[name]
+            if not need.present(src):
+                rp.missing = need.why_missing(src)
+                rp.missing_need = True
+                return rp
+    except CharacterizeError as e:
+        if strict:
+            raise
+        rp.missing = f"could not be read: {e}"
+        return rp
     try:
         out = panel.builder(src)
     except Missing as m:
@@ -134,6 +141,9 @@ def build_report(sources: Any, *, title: str | None = None, strict: bool = False
         raise ReportError("nothing to report: give at least one run directory or report file")
     srcs = [open_source(s, i) for i, s in enumerate(items, 1)]
     _distinct_labels(srcs)
+    if pairs and compare and len(srcs) > 1:   # a --pair that names no kernel is said, not ignored
+        check_pairs(pairs, [srcs[0].kview], [s.kview for s in srcs[1:]], srcs[0].label,
+                    ", ".join(s.label for s in srcs[1:]))
     rendered = []
     for src in srcs:
         panels = RUN_PANELS if src.kind == "run" else IMPORT_PANELS
@@ -201,5 +211,22 @@ def render_report(sources: Any, output: str | Path, *, title: str | None = None,
     out = Path(output)
     if out.is_dir():
         out = out / "report.html"
-    write_atomic(out, report_html(sources, title=title, strict=strict, compare=compare, pairs=pairs))
+    check_output(out, _inputs(sources))   # before any work: never over a device, a FIFO or an input
+    write_atomic(out, report_html(sources, title=title, strict=strict, compare=compare, pairs=pairs),
+                 _inputs(sources))
+    return out
+
+
+def _inputs(sources: Any) -> list[Path]:
+    """Every file the report reads: report files given, and the files of run directories
+    (their report.html aside, which the report of a run replaces)."""
+    out = []
+    for src in sources if isinstance(sources, (list, tuple)) else [sources]:
+        p = Path(getattr(src, "path", src)) if isinstance(src, (str, Path)) or hasattr(src, "path") else None
+        if p is None:
+            continue
+        if p.is_dir():
+            out += [f for f in p.rglob("*") if f.is_file() and f.name != "report.html"]
+        else:
+            out.append(p)
     return out

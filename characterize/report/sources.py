@@ -118,6 +118,15 @@ class RunSource:
         return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
     @cached_property
+    def locality_raw(self) -> dict:
+        """locality.json of the run ({} when absent or damaged: the reason is in `errors`)."""
+        try:
+            return self.run.locality_raw
+        except CharacterizeError as e:
+            self.errors["locality"] = str(e)
+            return {}
+
+    @cached_property
     def sass(self) -> pd.DataFrame:
         """The SASS hot-loop table of the run."""
         try:

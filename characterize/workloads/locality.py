@@ -6,13 +6,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
 
 from characterize.config import WorkloadConfig
-from characterize.errors import ConfigError, WorkloadError
+from characterize.errors import ConfigError, WorkloadError, escape_text
 from characterize.hardware.specs import DEFAULT_GPU, GPUS
 from characterize.memory import check_memory
 from characterize.workloads.presets import Hotness, parse_dataset
@@ -23,6 +22,7 @@ from characterize.workloads.traces import (
     load_trace,
     read_table,
     sampling_bytes,
+    trace_file_problem,
 )
 
 
@@ -235,10 +235,9 @@ def check_dataset(spec: str, config: WorkloadConfig) -> None:
         check_memory(generation_bytes(parsed, config, 1) + stats_bytes(n),
                      f"dataset {spec} (one table: {n:,} lookups over E={config.E:,} rows, and its statistics)",
                      "lower B, L, batches or E")
-    elif not parsed.is_file():
-        where = "" if parsed.is_absolute() else f" (relative to {Path.cwd()})"
-        raise WorkloadError(f"dataset {spec}: no such trace file{where}; fix the path or remove it from the "
-                            "experiment's datasets")
+    elif (problem := trace_file_problem(parsed)) is not None:
+        raise WorkloadError(f"dataset {escape_text(spec)}: {problem.replace('; check the path', '')}; fix the path "
+                            "or remove it from the experiment's datasets")
 
 
 @dataclass(frozen=True)

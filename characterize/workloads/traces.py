@@ -10,6 +10,7 @@ lookups the workload takes are kept, so a trace larger than RAM still works.
 from __future__ import annotations
 
 import os
+import stat
 import warnings
 import zipfile
 from contextlib import contextmanager
@@ -20,7 +21,8 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 
 from characterize.config import WorkloadConfig
-from characterize.errors import CharacterizeError, ConfigError, MemoryBudgetError, WorkloadError
+from characterize.errors import CharacterizeError, ConfigError, MemoryBudgetError, WorkloadError, escape_text
+from characterize.files import atomic_output, file_kind
 from characterize.memory import check_memory
 from characterize.units import format_bytes
 from characterize.workloads.presets import Hotness, _rng, parse_dataset, sample_indices
@@ -358,20 +360,26 @@ def _bagged_to_dataset(per_table: list[tuple[np.ndarray, np.ndarray, int]], path
     out = []
     E = rows
     inferred = []
-    for t, (idx, offs, base) in enumerate(per_table):
+    for t, (idx, offs, base) in enumerate(per_table):   # every index checked first, then the bags
         inferred.append(_check_range(idx, rows, path, t, base))
+    for t, (idx, offs, base) in enumerate(per_table):
         lengths = np.diff(offs)
         nbags = len(lengths)
         if nbags == 0:
             raise WorkloadError(f"{path}: table {t} has no bags")
-        batches = max(1, min(config.batches, nbags // config.B)) if nbags >= config.B else 1
-        B = min(config.B, nbags)
-        picked = lengths[: batches * B]
-        offsets, starts = _bags_from_lengths(picked, batches, B)
+        if nbags < config.B:   # a smaller batch would measure another workload than the one asked for
+            raise WorkloadError(f"{path}: table {t} holds {nbags:,} bags, fewer than one batch of B={config.B:,}; "
+                                f"set B to at most {nbags:,} (--B, workload.B) or use a trace with more bags")
+        batches = max(1, min(config.batches, nbags // config.B))
+        picked = lengths[: batches * config.B]
+        offsets, starts = _bags_from_lengths(picked, batches, config.B)
         out.append(TableTrace(idx[: int(starts[-1])], offsets, starts))
     E = E or max(inferred)
-    return Dataset(path.stem, str(path), E, out, f"bagged trace file {path.name}",
-                   {"tables_in_file": len(per_table)})
+    held = min(t.batches for t in out)
+    fewer = f"; it holds {held} batch(es) of B={config.B:,}, fewer than the {config.batches} asked for" \
+        if held < config.batches else ""
+    return Dataset(path.stem, str(path), E, out, f"bagged trace file {path.name}{fewer}",
+                   {"tables_in_file": len(per_table), "batches_in_file": held})
 
 
 def _split_bagged(indices: np.ndarray, offsets: np.ndarray, tables: int,
@@ -405,8 +413,10 @@ def _npz_bytes(p: Path) -> int:
     total = 0
     with zipfile.ZipFile(p) as z:
         for info in z.infolist():
-            if not info.filename.endswith(".npy"):
-                continue
+            if not info.filename.endswith(".npy"):   # numpy would read it whole as bytes, however large
+                raise WorkloadError(f"{p}: member {escape_text(info.filename)!r} is not a .npy array (it would "
+                                    f"inflate to {format_bytes(info.file_size)}); a trace .npz holds only arrays, "
+                                    "as numpy.savez writes them")
             with z.open(info) as f:
                 version = np.lib.format.read_magic(f)
                 read = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
@@ -426,7 +436,12 @@ def _npz_contents(p: Path) -> tuple[list[tuple[np.ndarray, np.ndarray, int]] | N
     check_memory(3 * _npz_bytes(p), f"loading {p.name}", "use a smaller trace, or split it into one array per table")
     with np.load(p, allow_pickle=False) as z:
         keys = list(z.keys())
-        if "indices" in keys and ("offsets" in keys or "lengths" in keys):
+        bagged = [k for k in ("offsets", "lengths") if k in keys]
+        if bagged and "indices" not in keys:
+            raise WorkloadError(f"{p}: has {' and '.join(bagged)} but no indices (keys found: "
+                                f"{', '.join(escape_text(k) for k in keys)}); a bagged trace holds indices with "
+                                "offsets and/or lengths (the dlrm_datasets layout), a flat one only index arrays")
+        if "indices" in keys and bagged:
             idx = _as_int_array(z["indices"], p, "indices").reshape(-1)
             if "offsets" in keys:
                 offs = _as_int_array(z["offsets"], p, "offsets")
@@ -453,11 +468,20 @@ def _load_npz(p: Path, config: WorkloadConfig, rows: int | None, T: int) -> Data
     return _streams_to_dataset(streams, p, config, rows, T)
 
 
+def _pt_bytes(p: Path) -> int:
+    """Bytes torch.load will hold for a .pt file: a zip archive's members as they inflate
+    (their recorded sizes; a deflated member can be 1000x its stored size), else the file."""
+    if not zipfile.is_zipfile(p):
+        return p.stat().st_size
+    with zipfile.ZipFile(p) as z:
+        return sum(info.file_size for info in z.infolist())
+
+
 def _pt_parts(p: Path) -> list[tuple[np.ndarray, np.ndarray, int]]:
     """The tables of a dlrm_datasets .pt file: (indices, offsets, first position) each."""
     import torch
 
-    check_memory(3 * p.stat().st_size, f"loading {p.name}", "use a smaller trace")
+    check_memory(3 * _pt_bytes(p), f"loading {p.name}", "use a smaller trace")
     try:
         obj = torch.load(p, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - torch raises assorted types, with pages of advice
@@ -498,12 +522,31 @@ def _table_streams(p: Path) -> list[tuple[int | None, Callable[[], Iterator[np.n
     return [(len(a), lambda a=a: iter([a])) for a in arrays]
 
 
-def _trace_file(path: str | Path) -> Path:
-    """`path` as a Path, or WorkloadError when no such file exists."""
+def trace_file_problem(path: str | Path) -> str | None:
+    """Why `path` cannot be read as a trace file (it does not exist, or it is a directory,
+    a device, a FIFO or a socket: reading one would hang or read nothing), or None."""
     p = Path(path)
-    if not p.is_file():
-        where = "" if p.is_absolute() else f" (relative to {Path.cwd()})"
-        raise WorkloadError(f"{p}: no such trace file{where}; check the path")
+    try:
+        st = os.stat(p)
+    except FileNotFoundError:
+        try:
+            where = "" if p.is_absolute() else f" (relative to {Path.cwd()})"
+        except OSError:
+            where = " (and the working directory no longer exists)"
+        return f"no such trace file{where}; check the path"
+    except OSError as e:
+        return f"cannot be read ({e.strerror or type(e).__name__})"
+    if not stat.S_ISREG(st.st_mode):
+        return f"is {file_kind(st.st_mode)}, not a trace file; give a .txt, .npy, .npz or .pt file"
+    return None
+
+
+def _trace_file(path: str | Path) -> Path:
+    """`path` as a Path, or WorkloadError naming why it is not a readable trace file."""
+    p = Path(path)
+    problem = trace_file_problem(p)
+    if problem:
+        raise WorkloadError(f"{escape_text(str(p))}: {problem}")
     return p
 
 
@@ -597,22 +640,22 @@ def load_dataset(spec: str, config: WorkloadConfig, tables: Iterable[int] | None
 
 
 
-def write_trace(ds: Dataset, path: str | Path) -> Path:
+def write_trace(ds: Dataset, path: str | Path, inputs: Iterable[str | Path] = ()) -> Path:
     """Write `ds` where `load_trace` reads it back: .txt holds table 0's indices, one
     per line; anything else an .npz in the dlrm_datasets layout (indices, offsets and
-    lengths of shape T x batches*B)."""
+    lengths of shape T x batches*B). Written atomically over a regular file only (never
+    over a device, a FIFO or one of `inputs`, such as the trace it was read from)."""
     path = Path(path)
     blocked = next((d for d in path.parents if d.exists() and not d.is_dir()), None)
     if blocked is not None:
         raise WorkloadError(f"cannot write {path}: {blocked} is a file, not a directory; choose another output path")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if path.suffix == ".txt":
-            np.savetxt(path, ds.tables[0].indices, fmt="%d")
-            return path
-        lengths = np.stack([tr.lengths() for tr in ds.tables])
-        offsets = np.concatenate([[0], np.cumsum(lengths.reshape(-1))])
-        with path.open("wb") as f:   # a file object keeps numpy from appending .npz to other suffixes
+        with atomic_output(path, inputs) as f:   # a file object keeps numpy from appending .npz to other suffixes
+            if path.suffix == ".txt":
+                np.savetxt(f, ds.tables[0].indices, fmt="%d")
+                return path
+            lengths = np.stack([tr.lengths() for tr in ds.tables])
+            offsets = np.concatenate([[0], np.cumsum(lengths.reshape(-1))])
             np.savez(f, indices=np.concatenate([tr.indices for tr in ds.tables]), offsets=offsets, lengths=lengths)
     except OSError as e:
         raise WorkloadError(f"cannot write {path}: {e.strerror or e}; choose another output path") from None

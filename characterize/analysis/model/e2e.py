@@ -52,8 +52,10 @@ class Overheads:
     matmul: str = "fp32"              # fp32 (PyTorch's default) or tf32 (allow_tf32 = True)
 
     def validate(self) -> "Overheads":
-        if self.dispatch_us < 0 or not 0 < self.gemm_efficiency <= 1:
-            raise ConfigError("dispatch_us must be >= 0 and gemm_efficiency in (0, 1]")
+        if not (math.isfinite(self.dispatch_us) and 0 <= self.dispatch_us <= 1e6):
+            raise ConfigError(f"dispatch_us must be a finite number of microseconds in 0..1e6, got {self.dispatch_us!r}")
+        if not (math.isfinite(self.gemm_efficiency) and 0 < self.gemm_efficiency <= 1):
+            raise ConfigError(f"gemm_efficiency must be in (0, 1], got {self.gemm_efficiency!r}")
         if self.matmul not in ("fp32", "tf32"):
             raise ConfigError(f"matmul must be fp32 or tf32, got {self.matmul!r}")
         return self

@@ -238,8 +238,8 @@ def _p_contents(s: RunSource) -> PanelOutput:
         ["static characterization", status(not s.static_config.empty),
          f"{len(s.static_config)} configured kernel(s), {len(s.static_sweep)} register-sweep row(s)"
          if not s.static_config.empty else NEEDS["static"].why_missing(s), PROVENANCE["static"].label],
-        ["trace locality", status(bool(s.run.locality_raw)),
-         f"{len(s.run.locality_raw)} dataset(s)" if s.run.locality_raw else NEEDS["locality"].why_missing(s),
+        ["trace locality", status(bool(s.locality_raw)),
+         f"{len(s.locality_raw)} dataset(s)" if s.locality_raw else NEEDS["locality"].why_missing(s),
          PROVENANCE["trace"].label],
         ["timing", status(b_ok > 0), f"{b_ok} point(s) timed, {len(bp) - b_ok} failed" if bp else
          _points_missing(s, "bench", _BENCH_HINT), PROVENANCE[s.timing_provenance].label if bp else ""],
@@ -376,7 +376,7 @@ def _l2_marks(s: RunSource, row_bytes: int | None) -> dict[str, int]:
 
 
 def _p_locality(s: RunSource) -> PanelOutput:
-    raw = s.run.locality_raw
+    raw = s.locality_raw
     names = order_datasets(raw)
     stored = {int(k) for d in raw.values() for k in (d.get("top_k_coverage") or {})}
     # the table names the K that mean something (the paper's, the GPUs' L2); the figure draws the curve
