@@ -375,6 +375,81 @@ class DlrmConfig:
             raise ConfigError(f"bad MLP shape {text!r}: use widths joined by '-', e.g. 256-128-128") from None
 
 
+#: how a user's kernel spreads its work: lanes sharing a bag, or a warp per (bag, chunk of features)
+USER_WORK = ("bag", "chunk")
+
+
+@dataclass(frozen=True)
+class UserKernel:
+    """A kernel of one's own, characterized beside the family (an experiment's
+    [variants.NAME] table): where its code is, which function gathers, and how it is
+    launched, which the model cannot read from the code. Its entry point takes the
+    launch wrappers' arguments (kernels/chz_compat.cuh: chz_bag_args, chz_launch, a
+    stream) and launches one table."""
+
+    source: str = ""        # a .cu file, built as the toolkit builds its own: per architecture, and for the CPU
+                            # emulator (-DCHZ_EMULATE) so that it is checked against torch without a GPU
+    binary: str = ""        # or a CUDA binary already built (a shared library, cubin or fatbin): SASS and GPU runs
+    kernel: str = "."       # regular expression of the gathering kernel's name in the binary
+    entry: str = ""         # exported C function: int f(const chz_bag_args*, const chz_launch*, void* stream)
+    callable: str = ""      # or "module:function", a Python callable f(BagArgs, LaunchArgs, stream) -> int
+    block: tuple[int, int] = (32, 8)
+    grid: int = 0           # 0: as many blocks as the tasks need; N: a fixed grid striding over them
+    work: str = "bag"       # bag: lanes_per_bag lanes per bag | chunk: a warp per (bag, chunk_features features)
+    lanes_per_bag: int = 0  # bag work; 0: read from the SASS
+    chunk_features: int = 32
+    dtypes: tuple[str, ...] = ("fp32",)
+    offset2bag: bool = False          # writes offset2bag and bag sizes as torch's operator does
+    per_sample_weights: bool = False
+    description: str = ""
+
+    @classmethod
+    def from_dict(cls, name: str, data: dict[str, Any], base: Path | None, source: str) -> "UserKernel":
+        """The [variants.NAME] table; relative paths are relative to the experiment file."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ConfigError(f"{source or 'experiment'}: variants.{name} has no field(s) {', '.join(sorted(unknown))}; "
+                              f"it takes {', '.join(sorted(known))}")
+        _check_types(cls, data, source, f"variants.{name}")
+        values = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
+        for key in ("source", "binary"):
+            if values.get(key) and base is not None and not Path(values[key]).is_absolute():
+                values[key] = str((base / values[key]).resolve())
+        return cls(**values).validate(name, source)
+
+    def validate(self, name: str, source: str = "") -> "UserKernel":
+        where = f"{source + ': ' if source else ''}variants.{name}"
+        if bool(self.source) == bool(self.binary):
+            raise ConfigError(f"{where}: give the kernel's source (a .cu file the toolkit builds) or its binary "
+                              "(one already built), one of the two")
+        path = Path(self.source or self.binary)
+        if not path.is_file():
+            raise ConfigError(f"{where}: {path} does not exist")
+        if self.source and path.suffix != ".cu":
+            raise ConfigError(f"{where}: source {path} is not a .cu file")
+        if self.entry and self.callable:
+            raise ConfigError(f"{where}: entry (a C function in the binary) or callable (a Python function), not both")
+        if self.callable and ":" not in self.callable:
+            raise ConfigError(f"{where}: callable must be 'module:function', got {self.callable!r}")
+        try:
+            re.compile(self.kernel)
+        except re.error as e:
+            raise ConfigError(f"{where}: kernel {self.kernel!r} is not a regular expression ({e})") from None
+        if self.work not in USER_WORK:
+            raise ConfigError(f"{where}: work must be one of {', '.join(USER_WORK)}, got {self.work!r}")
+        bx, by = self.block
+        if bx < 1 or by < 1 or bx * by > 1024 or (bx * by) % 32:
+            raise ConfigError(f"{where}: block {list(self.block)} must hold whole warps, at most 1024 threads")
+        if self.grid < 0 or not 0 <= self.lanes_per_bag <= 32 or self.chunk_features < 1:
+            raise ConfigError(f"{where}: grid >= 0, lanes_per_bag in 0..32 and chunk_features >= 1, got "
+                              f"{self.grid}, {self.lanes_per_bag}, {self.chunk_features}")
+        for dt in self.dtypes:
+            if dt not in DTYPES:
+                raise ConfigError(f"{where}: dtype {dt!r} is not one of {', '.join(DTYPES)}")
+        return self
+
+
 @dataclass(frozen=True)
 class ExperimentConfig:
     """Everything one `characterize run` does: workload x datasets x variants x archs."""
@@ -392,6 +467,7 @@ class ExperimentConfig:
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     slurm: SlurmConfig = field(default_factory=SlurmConfig)  # where --executor slurm sends each point
     source: str = ""                                   # the file it was read from
+    user_kernels: dict[str, UserKernel] = field(default_factory=dict)  # [variants.NAME] tables: kernels of one's own
 
     def validate(self, gpu: Any = None) -> "ExperimentConfig":
         """Structural checks of the experiment's own values; names of datasets, variants,
@@ -436,8 +512,20 @@ class ExperimentConfig:
         unknown = set(data) - known
         if unknown:
             raise ConfigError(f"{source or 'experiment'}: unknown field(s) {', '.join(sorted(unknown))}")
+        base = Path(source).parent if source else None
+        kernels: dict[str, UserKernel] = {}
+        for name, spec in dict(data.pop("user_kernels", None) or {}).items():   # as to_dict writes them
+            kernels[name] = spec if isinstance(spec, UserKernel) else UserKernel.from_dict(name, spec, base, source)
+        if isinstance(data.get("variants"), dict):   # [variants.NAME] tables: built-in ones empty, one's own described
+            tables = data["variants"]
+            for name, spec in tables.items():
+                if not isinstance(spec, dict):
+                    raise ConfigError(f"{source or 'experiment'}: variants.{name} must be a table ([variants.{name}])")
+                if spec:
+                    kernels[name] = UserKernel.from_dict(name, spec, base, source)
+            data["variants"] = list(tables)
         _check_types(cls, data, source, "")
-        kwargs: dict[str, Any] = {}
+        kwargs: dict[str, Any] = {"user_kernels": kernels}
         for key, value in data.items():
             if key == "workload":
                 value = WorkloadConfig.from_dict(value, source)

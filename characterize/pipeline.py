@@ -63,9 +63,11 @@ from characterize.kernels.registry import (
     check_caps,
     default_cache_rows,
     get_variant,
+    register_user,
 )
 from characterize.kernels.static import analyze_variants, static_characterization
 from characterize.kernels.training import CUDA_BACKWARDS, kernel_for, training_facts
+from characterize.kernels.user import sass_rows
 from characterize.measure.e2e import check_pipeline, measure_step
 from characterize.measure.executor import GPUS_DIR, Placement, gpu_identity, measure_stage, require_slurm
 from characterize.measure.ncu import find_ncu
@@ -118,13 +120,16 @@ def check_experiment(exp: ExperimentConfig, gpu: Any = None) -> ExperimentConfig
     work: without a GPU the workload must fit each target architecture's GPU, trace
     files must exist, and one table must fit the host-memory budget. Tables too large
     for the GPU steer an experiment that names no variants to the host-resident ones
-    (cache, uvm); one that names GPU-resident variants is refused with that advice."""
+    (cache, uvm); one that names GPU-resident variants is refused with that advice.
+    Kernels of one's own ([variants.NAME] tables) are registered as variants here."""
     targets = [gpu] if gpu is not None else [gpu_spec(normalize_arch(a)) for a in exp.archs]
     default = VARIANT_ORDER
     if not exp.variants and not all(_fits(exp.workload, g) for g in targets):
         default = HOST_VARIANTS
     exp = dataclasses.replace(exp, datasets=exp.datasets or HOTNESS_ORDER, variants=exp.variants or default)
     exp.validate()
+    for name, kernel in exp.user_kernels.items():   # [variants.NAME]: kernels of one's own beside the family
+        register_user(name, kernel)
     for v in exp.variants:
         get_variant(v).check_shape(exp.workload.D, exp.workload.dtype)
     for v, p in exp.params.items():
@@ -246,11 +251,12 @@ def predict(exp: ExperimentConfig, archs: Sequence[str] | None = None, *, code: 
         if code is None or not code.covers(names, code_archs, exp.workload.D, dtype):
             code = code_facts(names, code_archs, exp.workload.D, exp.params, dtype=dtype, progress=progress)
     rep = as_reporter(progress)
+    custom = user_sass(exp, gpu_archs, rep)
     with rep.task(f"predictions for {', '.join(targets)}", total=len(exp.datasets), unit="datasets") as task:
         per = PerMessage(task, len(exp.datasets))
         profiles = {} if profiles is None else profiles   # the traces' locality, shared by every dtype
         df = predict_experiment(exp, targets, static=code.static, sass=code.sass, progress=per,
-                                cache_ratios=cache_ratios, profiles=profiles)
+                                cache_ratios=cache_ratios, profiles=profiles, custom=custom)
         per.close()
         task.finish(f"{len(df)} point(s) predicted")
     for dt in dict.fromkeys(exp.dtypes):
@@ -263,6 +269,21 @@ def predict(exp: ExperimentConfig, archs: Sequence[str] | None = None, *, code: 
                                     profiles=profiles)],
                        ignore_index=True)
     return df
+
+
+def user_sass(exp: ExperimentConfig, archs: Sequence[str], progress: Reporter) -> dict[str, dict[str, dict]]:
+    """The SASS rows of the experiment's kernels of one's own, per architecture (each
+    built from its source, or read from its binary)."""
+    out: dict[str, dict[str, dict]] = {}
+    for name in exp.variants:
+        v = get_variant(name)
+        if v.peer != "user":
+            continue
+        with progress.task(f"your kernel {name}: SASS ({', '.join(archs)})") as task:
+            out[name] = sass_rows(v.user, archs, exp.workload.dtype)
+            nest = [r.get("nest_rows_in_flight") for r in out[name].values()]
+            task.finish(f"{', '.join(f'{a}: {n} rows in flight' for a, n in zip(out[name], nest))}")
+    return out
 
 
 def _reads(variant: str, wl: WorkloadConfig) -> bool:

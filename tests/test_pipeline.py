@@ -11,7 +11,7 @@ from characterize import pipeline
 from characterize.config import ExperimentConfig, WorkloadConfig
 from characterize.errors import ConfigError, UnsupportedShape
 from characterize.hardware.devices import devices
-from characterize.kernels.registry import VARIANT_ORDER, VARIANTS
+from characterize.kernels.registry import VARIANT_ORDER, built_in
 from characterize.store import load_run
 from characterize.workloads.presets import HOTNESS_ORDER
 from tests.analysis.test_model import sass, static
@@ -98,6 +98,6 @@ def test_the_selftest_is_planned_under_ten_minutes_by_construction():
         assert plan.seconds < SELFTEST_BUDGET_S, plan.lines()
     steps = {name: (n, sec) for name, n, sec, _ in selftest_plan(exp, 16).steps}
     assert steps["profile"][0] == len(exp.variants)   # processes: one per variant, not per point
-    public = [n for n, v in VARIANTS.items() if not v.test_only]   # fbgemm is checked where it is installed
+    public = built_in()   # fbgemm is checked where it is installed
     assert steps["check"][0] == len(public) * (len(DTYPES) + 1) and selftest_checks()[-1] == ("mean", "fp32")
     assert selftest_plan(exp, 16).lines()[0].startswith("self-test plan, at most")

@@ -105,14 +105,22 @@ def build(archs: str, variants: str | None, caps: str | None, D: int, params: tu
 @click.option("--dtypes", default=None,
               help="table element types to check, comma-separated, or 'all' (fp32, fp16, bf16, int8 with fp32 "
                    "scale/bias, int8h with fp16 scale/bias) [the workload's dtype]")
+@click.option("--experiment", "experiment", default=None, metavar="NAME|TOML",
+              help="check an experiment's variants, its kernels of one's own ([variants.NAME] tables) among them "
+                   "[every built-in variant]")
 @workload_options
 @click.option("--json", "as_json", is_flag=True)
 def check(variants: str | None, datasets: str, backend: str, paper_shape: bool, params: tuple[str, ...],
-          dtypes: str | None, as_json: bool, **wl: Any) -> None:
+          dtypes: str | None, experiment: str | None, as_json: bool, **wl: Any) -> None:
     """Check every variant against torch.nn.functional.embedding_bag."""
     from characterize.config import DTYPES
     from characterize.kernels.check import check_variants
     from characterize.kernels.library import default_backend
+
+    if experiment is not None:   # registers its kernels of one's own; its variants are the default
+        from characterize.pipeline import load_experiment
+
+        variants = variants or ",".join(load_experiment(experiment).variants)
 
     base = WorkloadConfig(batches=1) if paper_shape else WorkloadConfig.tiny()
     config = workload_from(base, **wl)

@@ -216,25 +216,31 @@ class BuildSpec:
     def __post_init__(self) -> None:
         if self.target not in ("cuda", "emulate"):
             raise BuildError(f"unknown build target {self.target!r}")
-        if self.source not in SOURCES:
-            raise BuildError(f"unknown kernel source {self.source!r}; the sources are {', '.join(SOURCES)}")
+        if self.source not in SOURCES and not (Path(self.source).is_absolute() and self.source.endswith(".cu")):
+            raise BuildError(f"unknown kernel source {self.source!r}: one of {', '.join(SOURCES)}, or the absolute "
+                             "path of a .cu file of one's own (built with the toolkit's headers and flags)")
         if self.dtype not in DTYPES:
             raise BuildError(f"unknown dtype {self.dtype!r}; the kernels read {', '.join(DTYPES)}")
         if self.target == "emulate":
             object.__setattr__(self, "arch", None)
             object.__setattr__(self, "maxrregcount", None)
 
+    @property
+    def source_path(self) -> Path:
+        """The .cu file this build compiles: one of ours in kernels_dir(), or a user's own."""
+        return kernels_dir() / self.source if self.source in SOURCES else Path(self.source)
+
     def label(self) -> str:
         dtype = "" if self.dtype == "fp32" else f" {self.dtype}"
         if self.source != SOURCE:
-            dtype += f" ({self.source})"
+            dtype += f" ({Path(self.source).name})"
         if self.target == "emulate":
             return "cpu-emulation" + dtype
         return f"{self.arch}" + (f" maxrregcount={self.maxrregcount}" if self.maxrregcount else "") + dtype
 
     def command(self, compiler: Path, output: Path) -> list[str]:
         """The exact compiler command line."""
-        src = kernels_dir() / self.source
+        src = self.source_path
         if self.target == "emulate":
             return [str(compiler), "-O2", "-std=c++17", "-shared", "-fPIC", "-x", "c++", "-DCHZ_EMULATE",
                     f"-DCHZ_DTYPE={DTYPES[self.dtype].code}", f"-I{kernels_dir()}", "-o", str(output), str(src)]
@@ -363,12 +369,16 @@ def parse_ptxas(log: str) -> dict[str, KernelResources]:
 # ---------------------------------------------------------------------- build
 def _source_digest(source: str = SOURCE) -> str:
     """The headers and the one .cu file a build compiles (so editing one source
-    rebuilds only its libraries)."""
+    rebuilds only its libraries; a user's source by its path and contents)."""
     h = hashlib.sha256()
     for path in sorted(kernels_dir().glob("*")):
         if path.suffix in (".cuh", ".h") or path.name == source:
             h.update(path.name.encode())
             h.update(path.read_bytes())
+    if source not in SOURCES:
+        own = Path(source)
+        h.update(str(own).encode())
+        h.update(own.read_bytes() if own.is_file() else b"")
     return h.hexdigest()
 
 
@@ -537,7 +547,9 @@ def build(spec: BuildSpec, *, force: bool = False) -> BuildResult:
     used only when its library verifies (size and SHA-256 recorded at build time); a
     damaged one is rebuilt and replaced, and a build that wrote no library is an error,
     never cached."""
-    if not (kernels_dir() / spec.source).is_file():
+    if not spec.source_path.is_file():
+        if spec.source not in SOURCES:
+            raise BuildError(f"{spec.source}: no such kernel source")
         raise BuildError(f"kernel sources not found in {kernels_dir()} (set CHARACTERIZE_KERNELS)")
     tool = _toolchain_for(spec)
     final = _cache_dir(spec, tool)

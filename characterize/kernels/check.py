@@ -41,7 +41,7 @@ from characterize.kernels.library import (
     run_variant,
     table_dtype,
 )
-from characterize.kernels.registry import VARIANTS, get_variant
+from characterize.kernels.registry import built_in, get_variant
 from characterize.memory import check_memory
 from characterize.workloads.presets import HOTNESS_ORDER, Hotness, parse_dataset
 from characterize.workloads.traces import generate, generation_bytes
@@ -295,7 +295,7 @@ def check_variants(variants: Iterable[str] | None = None, datasets: Iterable[str
     (dtypes: the config's, or the given ones). `gpu`: the device's GpuSpec, asked for
     once by the caller (without it, each CUDA check asks the driver again)."""
     config = config or WorkloadConfig.tiny()
-    names = list(variants) if variants is not None else [n for n, v in VARIANTS.items() if not v.test_only]
+    names = list(variants) if variants is not None else built_in()
     params = params or {}
     results = []
     kinds = list(dtypes) if dtypes is not None else [config.dtype]

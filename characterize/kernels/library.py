@@ -41,6 +41,7 @@ from characterize.kernels.registry import (
     uvm_mode,
 )
 from characterize.kernels.static import resolve_params
+from characterize.kernels.user import UserLibrary
 
 
 # ---------------------------------------------------------------- C interface
@@ -464,6 +465,9 @@ class TableKernel:
         else:
             code = getattr(self.library.lib, self.variant.entry)(ctypes.byref(args), ctypes.byref(launch), stream)
         self.library.check(code, f"variant {self.variant.name}")
+        if not self.variant.offset2bag:   # a kernel that writes the pooled output alone (a user's)
+            empty = torch.empty(0, dtype=torch.int64, device=out.output.device)
+            return BagOutputs(out.output, empty, empty)
         return out
 
     def close(self) -> None:
@@ -580,6 +584,8 @@ def bind(variant: str | Variant, weight: Table, *, trace: torch.Tensor | None = 
                            peer=FbgemmTable(weight, D, dtype, mode, bool(p.get("bounds_check", 1))))
     if v.entry is None:
         return TableKernel(v, {}, weight, None, None, mode, padding_idx, dtype, D)
+    if v.peer == "user" and padding_idx is not None:
+        raise UnsupportedShape(f"variant {v.name}: a kernel of one's own is checked without padding_idx")
     arch = None
     device = weight.device
     if backend == "cuda":
@@ -592,6 +598,9 @@ def bind(variant: str | Variant, weight: Table, *, trace: torch.Tensor | None = 
             found = [d for d in devices() if d.index == (device.index or 0)]
             gpu = found[0].spec() if found else None
     gpu = gpu or gpu_spec(REFERENCE_ARCH)
+    if v.peer == "user":   # a kernel of one's own, through its entry point or callable
+        return TableKernel(v, {}, weight, UserLibrary(v.user, v.entry, backend, arch, dtype), None, mode, None,
+                           dtype, D)
     p = resolve_params(v, params, arch, gpu, DTYPES[dtype].element_bytes * D + DTYPES[dtype].qparam_bytes, dtype=dtype)
     library = load_library(v.build_spec(backend, arch, p, dtype))
     if v.batched:

@@ -10,7 +10,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from characterize.config import DTYPES, dtype_spec
+from characterize.config import DTYPES, UserKernel, dtype_spec
 from characterize.errors import (
     ConfigError,
     UnsupportedShape,
@@ -70,6 +70,7 @@ class Variant:
     persistent: bool = False        # a grid of SMs x resident blocks, whatever B
     tables_per_launch: int = 1      # tables one launch covers: 1, or ALL_TABLES (one launch per batch)
     source: str = SOURCE            # the CUDA source its library is built from (kernels.build.SOURCES)
+    user: Any = None                # a user's kernel (peer "user"): its config.UserKernel
 
     @property
     def block_size(self) -> int:
@@ -82,7 +83,8 @@ class Variant:
 
     @property
     def compiled(self) -> bool:
-        return self.entry is not None
+        """One of ours, built from the toolkit's sources (not a peer's, not a user's)."""
+        return self.entry is not None and self.peer is None
 
     def check_dtype(self, dtype: str) -> None:
         """Refuse table element types this variant cannot read, by name."""
@@ -227,6 +229,34 @@ def register(v: Variant) -> Variant:
     return v
 
 
+#: the entry name a user's Python callable is launched under
+USER_CALLABLE = "callable"
+
+
+def user_variant(name: str, kernel: UserKernel) -> Variant:
+    """A kernel of one's own as a variant: launched through its entry point (or Python
+    callable) one table at a time, modelled from its own SASS like a peer."""
+    return Variant(name, kernel.description or f"a kernel of one's own ({kernel.source or kernel.binary})",
+                   entry=kernel.entry or USER_CALLABLE, block=tuple(kernel.block), grid=kernel.grid, dtypes=tuple(kernel.dtypes),
+                   per_sample_weights=kernel.per_sample_weights, peer="user", offset2bag=kernel.offset2bag,
+                   user=kernel)
+
+
+def register_user(name: str, kernel: UserKernel) -> Variant:
+    """Register a user's kernel under `name` (an experiment's [variants.NAME] table): the
+    same kernel again is a no-op, a built-in name or another kernel under a taken name is
+    refused by name."""
+    known = VARIANTS.get(name)
+    if known is not None and known.peer != "user":
+        raise ConfigError(f"variants.{name}: {name} is a built-in variant; give your kernel another name")
+    v = user_variant(name, kernel)
+    if known is not None and known.user != kernel:
+        raise ConfigError(f"variants.{name}: another kernel of one's own is registered under {name} in this "
+                          "process; give this one another name")
+    VARIANTS[name] = v
+    return v
+
+
 register(Variant("torch", "torch.nn.functional.embedding_bag: PyTorch's own kernel, what users run today "
                           "(modelled from the SASS of torch 2.13.0's CUDA wheel)", per_sample_weights=True, peer="torch"))
 register(Variant("fbgemm", "FBGEMM's table-batched embedding forward (TBE, fbgemm-gpu 1.8.0), what TorchRec runs: every "
@@ -278,6 +308,12 @@ register(Variant("wrong", "base with an off-by-one dropping each bag's last inde
 
 #: every public variant whose table lives in GPU memory, in registration order: the kernel family an
 #: experiment runs by default, and the order of every table and figure
+def built_in() -> list[str]:
+    """Every public variant of the family and its peers, in registry order (not the kernels
+    of one's own an experiment registered): what 'all variants' means."""
+    return [n for n, v in VARIANTS.items() if not v.test_only and v.peer != "user"]
+
+
 VARIANT_ORDER: tuple[str, ...] = tuple(n for n, v in VARIANTS.items() if not v.test_only and v.host == "none")
 #: variants of host-resident tables (GPU row cache, managed memory): named by an experiment, or chosen
 #: for it when its tables do not fit the GPU; each runs base's lookup kernel
@@ -288,7 +324,7 @@ def get_variant(name: str) -> Variant:
     try:
         return VARIANTS[name]
     except KeyError:
-        public = ", ".join(v for v in VARIANTS if not VARIANTS[v].test_only)
+        public = ", ".join(built_in())
         raise ConfigError(f"unknown variant {name!r}; known: {public}") from None
 
 

@@ -22,7 +22,7 @@ from characterize.errors import BuildError, ConfigError, ToolchainNotFound
 from characterize.hardware.specs import ARCHS, normalize_arch
 from characterize.kernels.build import BuildResult, BuildSpec, build_many
 from characterize.kernels.occupancy import register_steps, theoretical_occupancy
-from characterize.kernels.registry import VARIANTS, Variant, check_caps, get_variant
+from characterize.kernels.registry import VARIANTS, Variant, built_in, check_caps, get_variant
 from characterize.kernels.sass import (
     MEMORY_LATENCY,
     LoopRow,
@@ -161,7 +161,7 @@ def plan_variants(variants: Iterable[str] | None = None, archs: Iterable[str] = 
     builds it (capped variants at their default or given cap), from the `dtype` library."""
     if isinstance(D, bool) or not isinstance(D, numbers.Integral) or D < 1:
         raise ConfigError(f"D must be a positive integer, got {D!r}")
-    names = list(variants) if variants is not None else [n for n, v in VARIANTS.items() if not v.test_only]
+    names = list(variants) if variants is not None else built_in()
     chosen: list[Variant] = [get_variant(n) for n in names]
     params = params or {}
     plans = []

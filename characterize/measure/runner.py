@@ -42,8 +42,8 @@ from characterize.measure.worker import (
     BENCH_CLOCK_CONTROL,
     EXIT_CUDA_ERROR,
     INFLIGHT,
-    KERNEL_FILTER,
     PROFILE_RANGE,
+    kernel_filter,
     launches_before_profiled,
     profiled_launches,
 )
@@ -227,7 +227,7 @@ def ncu_options(exp: ExperimentConfig, sm: int | None, fallback: bool = False):
     prof = exp.profile
     return NcuOptions(metric_set=prof.metric_set, cache_control=prof.cache_control, clock_control=prof.clock_control,
                       replay_mode=prof.replay_mode, nvtx_include=() if fallback else (f"{PROFILE_RANGE}/",),
-                      kernel_name=KERNEL_FILTER, sm=sm)
+                      kernel_name=kernel_filter(exp), sm=sm)
 
 
 def _collect_cache(argv: list[str], run: RunDir, key: str, settings: ProfileSettings) -> dict[str, object]:

@@ -54,7 +54,7 @@ from characterize.kernels.library import (
     dequantize,
     device_state,
 )
-from characterize.kernels.registry import get_variant, uvm_mode
+from characterize.kernels.registry import get_variant, register_user, uvm_mode
 from characterize.measure.lifeline import supervise
 from characterize.measure.timing import L2Flusher, preallocate, time_point, timed_batch_index
 from characterize.memory import check_memory
@@ -71,6 +71,8 @@ KERNEL_FILTER = "chz_|EmbeddingBag|split_embedding_codegen_forward"
 #: what torch.nn.functional.embedding_bag launches on the GPU for a forward sum/mean
 #: (the torch variant's lookup and the check's float64 reference)
 TORCH_EMBEDDING_BAG_KERNEL = "EmbeddingBag_updateOutputKernel_sum_mean"
+#: a kernel of one's own in variant_launches: its name is whatever its [variants.NAME] kernel pattern matches
+USER_KERNEL_LAUNCH = "<your kernel>"
 #: what FBGEMM's TBE forward launches for the lookup (the filter's name for it)
 FBGEMM_FORWARD_KERNEL = "split_embedding_codegen_forward"
 #: bench never locks clocks: it runs at the GPU's own clocks, sampled by NVML around each
@@ -122,6 +124,8 @@ class Session:
 
     @classmethod
     def open(cls, exp: ExperimentConfig, backend: str, batches: int | None = None) -> "Session":
+        for name, kernel in exp.user_kernels.items():   # the experiment's kernels of one's own, as variants
+            register_user(name, kernel)
         wl = exp.workload if batches is None else exp.workload.replace(batches=batches)
         index, identity, nvml_index = None, None, None
         if backend == "cuda":
@@ -346,9 +350,19 @@ def run_bench(run_dir: Path, points: list[tuple[str, str]], backend: str) -> int
     return 0
 
 
+def kernel_filter(exp: ExperimentConfig) -> str:
+    """The ncu -k filter for an experiment: ours, torch's and FBGEMM's kernels
+    (KERNEL_FILTER), and the gathering kernel of each kernel of one's own it names."""
+    own = [k.kernel for k in exp.user_kernels.values()]
+    return "|".join([KERNEL_FILTER, *(f"(?:{r})" for r in own)])
+
+
 def variant_launches(variant: str) -> list[str]:
-    """The kernels one table of one batch launches, in order (what ncu's -k filter sees)."""
+    """The kernels one table of one batch launches, in order (what ncu's -k filter sees;
+    a kernel of one's own: one launch of the kernel its table names)."""
     v = get_variant(variant)
+    if v.peer == "user":
+        return [USER_KERNEL_LAUNCH]
     if v.peer == "fbgemm":
         return [FBGEMM_FORWARD_KERNEL]
     if v.entry is None:
@@ -358,8 +372,9 @@ def variant_launches(variant: str) -> list[str]:
 
 def matching_launches(variant: str, kernel_filter: str = KERNEL_FILTER) -> int:
     """Launches per table and batch that the kernel filter matches (a batched variant's: per
-    batch, one launch covering every table)."""
-    return sum(bool(re.search(kernel_filter, name)) for name in variant_launches(variant))
+    batch, one launch covering every table; a kernel of one's own: its one, which
+    kernel_filter adds)."""
+    return sum(name == USER_KERNEL_LAUNCH or bool(re.search(kernel_filter, name)) for name in variant_launches(variant))
 
 
 def profiled_launches(variant: str, profile_tables: int, tables: int) -> int:

@@ -14,7 +14,7 @@ import pandas as pd
 
 from characterize.analysis.model.constants import SECTOR
 from characterize.analysis.model.host import HostProfile
-from characterize.analysis.model.kernels import PERSISTENT, KernelFacts, ours, peer, peer_dtype
+from characterize.analysis.model.kernels import PERSISTENT, KernelFacts, ours, peer, peer_dtype, user
 from characterize.analysis.model.locality import TraceProfile, sectors_per_row
 from characterize.config import INDEX_BYTES, WorkloadConfig
 from characterize.errors import ConfigError, UnsupportedShape
@@ -177,12 +177,12 @@ def _of_dtype(df: pd.DataFrame, dtype: str, what: str) -> pd.DataFrame:
 
 
 def kernel_facts(v: Variant, gpu: GpuSpec, wl: WorkloadConfig, static: pd.DataFrame | None,
-                 sass: pd.DataFrame | None, custom: Mapping[str, KernelFacts] | None = None,
+                 sass: pd.DataFrame | None, custom: Mapping[str, Mapping[str, Any]] | None = None,
                  params: Mapping[str, Any] | None = None) -> KernelFacts:
     """The facts the model uses for variant `v` on `gpu`: a user's kernel (`custom`),
     a peer's (PyTorch's, FBGEMM's: kernels.peers), or ours (static and SASS rows)."""
-    if custom and v.name in custom:
-        return custom[v.name]
+    if v.peer == "user":
+        return user(v, gpu, wl, (custom or {}).get(v.name))
     if v.peer:
         return peer(v, gpu, wl, params)
     if static is None or static.empty:
@@ -200,7 +200,7 @@ def _prepare(workload: WorkloadConfig, datasets: Sequence[str], variants: Sequen
              params: Mapping[str, dict[str, Any]], static: Any, sass: Any, tables: int, mode: str,
              profiles: dict[tuple, TraceProfile], progress: Progress | None,
              cache_ratios: Sequence[float] | None = None, set_aside: bool = True,
-             custom: Mapping[str, KernelFacts] | None = None,
+             custom: Mapping[str, Mapping[str, Any]] | None = None,
              skipped: list[str] | None = None, with_base: bool = True,
              optional: Sequence[str] = ()) -> list[_Point]:
     """Every point to evaluate (base's too, the speedups' reference, unless `with_base`
@@ -215,9 +215,7 @@ def _prepare(workload: WorkloadConfig, datasets: Sequence[str], variants: Sequen
     hosts: dict[str, HostProfile] = {}   # one per dataset: replays shared by every GPU
     facts: dict[tuple[str, str], KernelFacts] = {}
     for name in list(names):
-        v = get_variant(name) if not (custom and name in custom) else None
-        if v is None:
-            continue
+        v = get_variant(name)
         try:   # a peer is modelled with the kernel its users run for this precision (FBGEMM: int8 -> int8h)
             v.check_shape(workload.D, peer_dtype(v.peer, workload.dtype) if v.peer else workload.dtype)
         except UnsupportedShape as e:
@@ -235,7 +233,7 @@ def _prepare(workload: WorkloadConfig, datasets: Sequence[str], variants: Sequen
         lengths = prof.bag_lengths
         for gpu in gpus:
             for name in names:
-                v = custom_variant(name, custom) if custom and name in custom else get_variant(name)
+                v = get_variant(name)
                 key = (name, gpu.key)
                 if key not in facts:
                     try:
@@ -273,9 +271,3 @@ def _prepare(workload: WorkloadConfig, datasets: Sequence[str], variants: Sequen
                     l1=prof.l1_distances(gpu.sm_count, geo["block_num"], geo["block_den"]), note=k.note,
                     dtype=workload.dtype, host=v.host, host_profile=host, **layout) for layout in layouts)
     return points
-
-
-def custom_variant(name: str, custom: Mapping[str, KernelFacts]) -> Variant:
-    """A registry-like variant for a user's kernel (bring your own: an experiment's
-    [variants.NAME] with binary and kernel)."""
-    return Variant(name, f"a user's kernel ({custom[name].source})")

@@ -88,8 +88,8 @@ class KernelFacts:
 
 def _json(v: Any) -> dict:
     """A dict column as written: a dict, its JSON text, or (a frame saved as is) its repr."""
-    if isinstance(v, dict):
-        return v
+    if isinstance(v, Mapping):
+        return dict(v)
     if isinstance(v, str) and v.strip().startswith("{"):
         try:
             return json.loads(v)
@@ -196,3 +196,31 @@ def peer(v: Variant, gpu: GpuSpec, wl: WorkloadConfig, params: Mapping[str, Any]
                                                           f"; code facts of {code_arch}")),
         load_bits=_json(row.get("load_bits")), row_load_bits=_int(row.get("row_load_bits")),
         index_pass=name == "fbgemm" and bool((params or {}).get("bounds_check", 1)))
+
+
+def user(v: Variant, gpu: GpuSpec, wl: WorkloadConfig, rows: Mapping[str, Mapping[str, Any]] | None) -> KernelFacts:
+    """A kernel of one's own (config.UserKernel), from its SASS as kernels.user reads it
+    (`rows`: per architecture, kernels.binary's row) and the launch its table states."""
+    kernel = v.user
+    if not rows:
+        raise ConfigError(f"no SASS of {v.name} to model it: characterize predict builds and reads it, or pass its "
+                          "rows (kernels.user.sass_rows) as custom=")
+    key = nearest_arch(list(rows), gpu.arch)
+    r = rows[key]
+    threads = int(kernel.block[0]) * int(kernel.block[1])
+    shared = _int(r.get("shared_mem"))
+    occ = theoretical_occupancy(ARCHS[gpu.arch], threads, _int(r.get("registers")), shared)
+    bag = kernel.work == "bag"
+    code_arch = str(r.get("code_arch") or key)
+    where = kernel.source or kernel.binary
+    return KernelFacts(
+        variant=v.name, arch=gpu.arch, code_arch=code_arch, source=f"yours: {where}",
+        work="bag" if bag else "chunk", lanes_per_bag=kernel.lanes_per_bag or _int(r.get("lanes_per_bag")) or 32,
+        chunk_features=kernel.chunk_features, block_threads=threads, grid=kernel.grid, tables_per_launch="one",
+        registers=_int(r.get("registers")), shared_mem=shared, blocks_per_sm=occ.blocks_per_sm,
+        rows_in_flight=float(r.get("rows_in_flight") or 1.0), bag_latencies=_json(r.get("bag_latencies")),
+        bag_instructions=_json(r.get("bag_instructions")), offset2bag=kernel.offset2bag, output_bytes=4,
+        symbol=str(r.get("symbol", "")),
+        note=f"your kernel {str(r.get('kernel', ''))[:60]} ({where}, sha256 {str(r.get('sha256', ''))[:12]})"
+             + ("" if code_arch == gpu.arch else f"; code of {code_arch}"),
+        load_bits=_json(r.get("load_bits")), row_load_bits=_int(r.get("row_load_bits")))

@@ -11,7 +11,6 @@ import pandas as pd
 from characterize.analysis.model.constants import MODES, ModelConstants, load_calibration
 from characterize.analysis.model.equations import _evaluate
 from characterize.analysis.model.geometry import _Point, _prepare
-from characterize.analysis.model.kernels import KernelFacts
 from characterize.analysis.model.validation_error import model_error
 from characterize.config import ExperimentConfig, WorkloadConfig
 from characterize.errors import ConfigError
@@ -96,7 +95,7 @@ def predict(workload: WorkloadConfig, datasets: Sequence[str], variants: Sequenc
             constants: ModelConstants | Mapping[str, ModelConstants] | None = None, tables: int = 1,
             mode: str | Sequence[str] = "steady", static: Any = None, sass: Any = None,
             progress: Progress | None = None, cache_ratios: Sequence[float] | None = None,
-            set_aside: bool = True, custom: Mapping[str, KernelFacts] | None = None,
+            set_aside: bool = True, custom: Mapping[str, Mapping[str, Any]] | None = None,
             profiles: dict | None = None) -> pd.DataFrame:
     """Predicted time, hit rates, traffic and the intermediate quantities, one row per
     (variant, dataset, GPU, mode); columns as characterize.rundir declares predictions.csv.
@@ -109,7 +108,8 @@ def predict(workload: WorkloadConfig, datasets: Sequence[str], variants: Sequenc
     turn, as in production), 'cold' (L2 flushed before each launch), or both. `static`
     and `sass`: the static characterization and SASS rows of our variants (a run's
     static.csv and sass.csv); PyTorch's and FBGEMM's kernels come from their own SASS
-    (kernels.peers), a user's kernel from `custom`; the model never compiles.
+    (kernels.peers), a user's kernel (an experiment's [variants.NAME]) from its SASS rows per
+    architecture in `custom` (kernels.user.sass_rows); the model never compiles.
     `set_aside`: l2p/combined pin their rows inside a persisting-L2 set-aside (False: the
     pre-pass only warms L2, as without cudaLimitPersistingL2CacheSize). `cache_ratios`:
     cache sizes as shares of E for the cache variant, one row each. Every row carries
@@ -145,7 +145,7 @@ def predict(workload: WorkloadConfig, datasets: Sequence[str], variants: Sequenc
 def predict_experiment(exp: ExperimentConfig, archs: Iterable[str] | None = None,
                        progress: Progress | None = None, *, static: Any = None, sass: Any = None,
                        cache_ratios: Sequence[float] | None = None, mode: str | Sequence[str] = "steady",
-                       custom: Mapping[str, KernelFacts] | None = None, profiles: dict | None = None
+                       custom: Mapping[str, Mapping[str, Any]] | None = None, profiles: dict | None = None
                        ) -> pd.DataFrame:
     """predict() over an experiment's matrix (its architectures unless `archs` is given),
     with its bench.l2_set_aside deciding how l2p/combined pin."""
