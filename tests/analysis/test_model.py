@@ -228,8 +228,10 @@ def test_a_pinned_row_hits_with_a_calibratable_probability_not_for_certain():
     assert base.pinned_hit == gpu.pinned_hit_probability < 1.0 and "pinned_hit" in FIT_DEFAULT
     assert BOUNDS["pinned_hit"][1] == 1.0
     hits = {}
+    # twelve tables of 1 GB between two batches: a hot row survives only if its pin holds
+    wl = SMALL.replace(T=12, E=2_000_000, B=1024, L=40)
     for p in (0.5, base.pinned_hit, 1.0):
-        df = MP.predict(SMALL, ["medium"], ["l2p"], [gpu], static=static(), sass=sass(), params={"l2p": {"K": 300}},
+        df = MP.predict(wl, ["medium"], ["l2p"], [gpu], static=static(), sass=sass(), params={"l2p": {"K": 30000}},
                         constants=base.replace(pinned_hit=p))
         hits[p] = float(df["l2_hit_rate_pct"].iloc[0])
     assert hits[0.5] < hits[base.pinned_hit] < hits[1.0]

@@ -111,8 +111,9 @@ def _evaluate(p: _Point, c: ModelConstants) -> dict[str, Any]:
     time_us = kernel_ns / 1000 + c.launch_overhead_us
     if k.index_pass:   # a kernel of its own reads every index and offset first (FBGEMM's bounds check)
         time_us += c.launch_overhead_us + p.read_stream_bytes * TL / (c.hbm_efficiency * gpu.hbm_GBps) / 1000
-    # the traffic no kernel avoids: every distinct row once, the streams, the writes, at peak bandwidth
-    compulsory = (p.profile.unique_per_launch * rs * TL + p.read_stream_bytes * TL + writes)
+    # the traffic no kernel avoids: the distinct rows a launch reads that its L2 could not hold already
+    # (at most L2's bytes are on chip when it starts), every index and offset, every output byte
+    compulsory = (max(0.0, p.profile.unique_per_launch * rs * TL - gpu.l2_bytes) + p.read_stream_bytes * TL + writes)
     floor_us = compulsory / gpu.hbm_GBps / 1000
     prepass = (p.prepass_rows * rs / (c.hbm_efficiency * gpu.hbm_GBps) / 1000 + c.launch_overhead_us
                if p.prepass_rows else math.nan)

@@ -160,8 +160,10 @@ class TraceProfile:
         self.lookups_per_launch = float(np.mean([tr.starts[-1] / tr.batches for tr in self._traces]))
         self.bags = int(self._traces[0].offsets.shape[1])
         self.unique_per_launch = float(np.mean([s.unique_per_launch for s in self._streams["all"]]))
-        self.unique_rows = max(int(np.count_nonzero(np.bincount(tr.indices, minlength=self.rows)))
-                               for tr in self._traces)   # the most rows a pre-pass can pin
+        # the most rows a pre-pass can pin: the distinct rows of the warm-up batch its hot set comes from
+        self.unique_rows = max(int(np.count_nonzero(np.bincount(
+            tr.indices[b < 1] if tr.batches > 1 else tr.indices, minlength=self.rows)))
+            for tr, b in zip(self._traces, self._batch))
         lengths = np.concatenate([tr.lengths().reshape(tr.batches, -1)[1 if tr.batches > 1 else 0:].reshape(-1)
                                   for tr in self._traces])
         #: the scored bags' lengths (their distribution decides what each task costs)
@@ -234,7 +236,9 @@ class TraceProfile:
             self._streams[f"hot:{k}"], self._streams[f"cold:{k}"], self._hot_scored[k] = [], [], []
             self._hot_rank[k] = []
             for tr, batch in zip(self._traces, self._batch):
-                mask, rank_of = _hot_ranks(tr.indices, self.rows, k)
+                # the hot set as the runner picks it: by frequency over the warm-up batch, never a scored one
+                warm = tr.indices[batch < 1] if tr.batches > 1 else tr.indices
+                mask, rank_of = _hot_ranks(warm, self.rows, k)
                 hot = mask[tr.indices]
                 scored = batch >= 1 if tr.batches > 1 else np.ones(hot.size, dtype=bool)
                 self._hot_scored[k].append(hot[scored])
