@@ -411,9 +411,10 @@ def profile_points(run: RunDir, exp: ExperimentConfig, points: list[tuple[str, s
                 raise
             except CharacterizeError as e:
                 counts["failed"] += 1
+                argv = getattr(e, "argv", None)   # the worker's own line replaces the error, not the command
                 e = _worker_said(e, run.path / "ncu" / (key + ".log"))
                 run.write_point("profile", v, d, {"status": "failed", "error": str(e),
-                                                  "argv": getattr(e, "argv", None)})
+                                                  **({"argv": argv} if argv is not None else {})})
                 run.log(f"profile {v} {d}: failed: {e}")
                 progress(f"[{done}/{len(points)}] {v} {d}: FAILED: {str(e).splitlines()[0]}")
                 continue

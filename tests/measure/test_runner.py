@@ -19,6 +19,7 @@ from click.testing import CliRunner
 from characterize.cli import main
 from characterize.measure.ncu import build_argv, cache_argv, export_path
 from characterize.measure.runner import ncu_options
+from characterize.measure.worker import KERNEL_FILTER
 from characterize.pipeline import load_experiment
 from characterize.store import load_run
 from tests.conftest import HAS_GPU, fixtures_dir, write_experiment
@@ -194,7 +195,7 @@ def test_profile_orchestration_end_to_end(tmp_path, fake_ncu):
                              "--config-file", "off", "--cache-control", "none", "--clock-control", "none",
                              "--replay-mode", "kernel", "--target-processes", "all", "--nvtx", "--nvtx-include",
                              "chz-profile/", "--section", "LaunchStats", "--section"]
-    assert argvs[0][argvs[0].index("-k") + 1] == "regex:chz_|EmbeddingBag"
+    assert argvs[0][argvs[0].index("-k") + 1] == f"regex:{KERNEL_FILTER}"
     run = load_run(out)
     assert run.meta["ncu"]["version"] == "2025.3.1.0"
     pts = run.points("profile")
