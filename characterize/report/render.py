@@ -16,9 +16,7 @@ from characterize import __version__
 from characterize.errors import ReportError
 from characterize.report.blocks import Missing
 from characterize.report.layout import NEEDS, Panel
-from characterize.report.panels.compare import COMPARE_PANELS
-from characterize.report.panels.imports import IMPORT_PANELS
-from characterize.report.panels.run import RUN_PANELS
+from characterize.report.panels.catalog import COMPARE_PANELS, IMPORT_PANELS, RUN_PANELS
 from characterize.report.provenance import PROVENANCE, Provenance
 from characterize.report.sources import Pair, RunSource, open_source
 from characterize.store import write_atomic

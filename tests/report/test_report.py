@@ -29,9 +29,7 @@ from characterize.extract.ncu_csv import read_csv
 from characterize.pipeline import load_experiment, locality_step, run_meta, static_step
 from characterize.report import render as rpt
 from characterize.report.layout import NEEDS, Panel
-from characterize.report.panels.compare import COMPARE_PANELS
-from characterize.report.panels.imports import IMPORT_PANELS
-from characterize.report.panels.run import RUN_PANELS
+from characterize.report.panels.catalog import COMPARE_PANELS, IMPORT_PANELS, RUN_PANELS
 from characterize.report.provenance import PROVENANCE
 from characterize.report.render import render_report, report_html
 from characterize.store import RunDir, load_run
