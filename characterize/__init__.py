@@ -38,6 +38,8 @@ _API = {
     "load_calibration": "analysis.model.constants", "predict_experiment": "analysis.model.predict",
     "primary_predictions": "analysis.model.predict", "precision_grid": "analysis.model.predict",
     "paper_claims": "analysis.claims", "PAPER_CLAIMS": "analysis.claims",
+    # the answer: what to use per dataset and GPU, by how much, how sure
+    "answer": "analysis.answer", "answer_run": "analysis.answer", "ModelValidation": "analysis.answer",
     # one Nsight Compute report's kernels: speed of light, weighted stalls, roofline, matching
     "kernel_summary": "analysis.ncu", "weighted_stalls": "analysis.ncu", "roofline": "analysis.ncu",
     "match_kernels": "analysis.compare", "compare_all": "analysis.compare",

@@ -124,14 +124,29 @@ class Answer:
             for ref in refs:
                 row[f"vs {ref}"] = band_text(r.get(f"speedup_vs_{ref}"), r.get(f"speedup_vs_{ref}_low"),
                                              r.get(f"speedup_vs_{ref}_high"))
-            row["bound"] = str(r.get("bound") or "–") + (" (model)" if r.get("bound_source") == "model"
-                                                         and r["source"] == "measured" else "")
+            bound = "" if _nan_or_empty(r.get("bound")) else str(r["bound"])
+            row["bound"] = (bound or "–") + (" (model)" if bound and r.get("bound_source") == "model"
+                                             and r["source"] == "measured" else "")
             if e2e:
                 row["end to end"] = band_text(r.get("e2e_speedup"))
             row["as fast within the band"] = str(r.get("close") or "–")
-            row["source"] = str(r["source"])
+            if len(self.sources) > 1:
+                row["source"] = str(r["source"])
             out.append(row)
         return out
+
+    def summary(self) -> str:
+        """One sentence: the best variant per GPU and the datasets it wins."""
+        if self.rows.empty:
+            return "No answer yet: nothing was measured or predicted."
+        parts = []
+        for gpu, g in self.rows.groupby("gpu", sort=False):
+            wins = {}
+            for r in g.to_dict("records"):
+                wins.setdefault(r["best"], []).append(str(r["dataset"]))
+            picks = [f"{v} ({', '.join(ds)})" if len(wins) > 1 else f"{v} on every dataset" for v, ds in wins.items()]
+            parts.append(f"{gpu}: use " + " or ".join(picks) + ".")
+        return " ".join(parts)
 
     def lines(self) -> list[str]:
         """A plain-text summary: one sentence per GPU naming what to use, then how sure."""
@@ -158,6 +173,10 @@ def band_text(x: Any, low: Any = None, high: Any = None) -> str:
     if not _nan(low) and not _nan(high) and (round(float(low), 2), round(float(high), 2)) != (round(float(x), 2),) * 2:
         text += f" [{float(low):.2f}-{float(high):.2f}]"
     return text
+
+
+def _nan_or_empty(x: Any) -> bool:
+    return x is None or (isinstance(x, str) and not x) or (not isinstance(x, str) and _nan(x))
 
 
 def _nan(x: Any) -> bool:
@@ -351,7 +370,7 @@ def answer(predictions: pd.DataFrame | None = None, bench: pd.DataFrame | None =
     notes = []
     if not frame.empty and (frame["source"] == "predicted").any() and "note" in pred.columns:
         refs = pred[pred["variant"].isin([r for r in REFERENCES if r != "base"])]
-        for v, n in dict.fromkeys(zip(refs["variant"], refs["note"].fillna(""))):
+        for v, n in dict.fromkeys(zip(refs["variant"], refs["note"].astype(object).fillna(""))):
             if n:
                 notes.append(f"{v}: {n}")
     return Answer(frame, validation, claims, tuple(notes))

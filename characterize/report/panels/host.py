@@ -29,6 +29,7 @@ from characterize.report.blocks import (
 from characterize.report.layout import (
     S_MODEL,
     Panel,
+    asked_for,
 )
 from characterize.report.plots import (
     cache_hit_figure,
@@ -124,14 +125,21 @@ def _p_host_bytes(s: RunSource) -> PanelOutput:
     return PanelOutput(blocks)
 
 
+def _host_asked(s: RunSource) -> bool:
+    """Host-resident panels appear when the experiment names cache or uvm, or the predictions
+    hold their rows (a cache-size sweep)."""
+    p = s.predictions
+    return asked_for(s, HOST_VARIANTS) or ("cache_ratio" in p.columns and p["cache_ratio"].notna().any())
+
+
 PANELS: tuple[Panel, ...] = (
     Panel("cache-ratio", "Host-resident tables: cache hit rate vs cache size", S_MODEL, ("predictions",), ("model",),
           "predictions.csv rows of the cache variant at each cache size the run swept (analysis.model.host: the "
-          "cache's policy replayed on the trace)", _p_cache_ratio),
+          "cache's policy replayed on the trace)", _p_cache_ratio, applies=_host_asked),
     Panel("host-time", "Host-resident tables: time per batch, split", S_MODEL, ("predictions",), ("model",),
           "predictions.csv dedup_us, transfer_us and lookup_us of the cache and uvm rows (analysis.model.host)",
-          _p_host_time),
+          _p_host_time, applies=_host_asked),
     Panel("host-bytes", "Host-resident tables: host bytes against the link", S_MODEL, ("predictions",), ("model",),
           "predictions.csv host_bytes of the cache rows against the host link's bandwidth (hardware.HOST_LINKS) "
-          "times the lookup kernel's predicted time", _p_host_bytes),
+          "times the lookup kernel's predicted time", _p_host_bytes, applies=_host_asked),
 )

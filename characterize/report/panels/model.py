@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from characterize.analysis import compare as analyze
+from characterize.analysis.answer import predicted_speedups
 from characterize.analysis.claims import PAPER_CLAIMS
 from characterize.analysis.model.e2e import INFERENCE_STAGES, TRAINING_STAGES, stage_gmae
 from characterize.analysis.model.predict import precision_grid
@@ -38,13 +39,17 @@ from characterize.report.blocks import (
 from characterize.report.layout import (
     S_MODEL,
     Panel,
+    experiment_of,
+    is_paper,
 )
 from characterize.report.plots import (
+    WHY_TERMS,
     e2e_stage_figure,
     order_datasets,
     precision_grid_figure,
     predicted_vs_measured_figure,
     prediction_figure,
+    why_figure,
 )
 from characterize.report.provenance import PROVENANCE
 from characterize.report.sources import RunSource
@@ -52,8 +57,13 @@ from characterize.report.views import prediction_gpus
 from characterize.units import format_bytes
 
 
-def _predicted_headline(d: pd.DataFrame, gpu: str) -> TableBlock:
-    """Technique x hotness -> predicted speedup over base, beside the paper's claims."""
+def _claims(s: RunSource) -> dict[str, str]:
+    """The paper's claims, for the paper's configuration only."""
+    return {k: c.text for k, c in PAPER_CLAIMS.items()} if is_paper(s) else {}
+
+
+def _predicted_headline(d: pd.DataFrame, gpu: str, claims: dict[str, str]) -> TableBlock:
+    """Technique x hotness -> predicted speedup over base (beside the paper's claims, for its configuration)."""
     table = d.pivot_table(index="variant", columns="dataset", values="speedup_vs_base", aggfunc="mean")
     datasets = order_datasets(table.columns)
     rows = []
@@ -61,9 +71,10 @@ def _predicted_headline(d: pd.DataFrame, gpu: str) -> TableBlock:
         vals = [table.loc[v, ds] for ds in datasets]
         best = max((x for x in vals if not _isnan(x)), default=np.nan)
         rows.append([Cell(v, "code")] + [Cell(fmt_x(x), "num") for x in vals] +
-                    [Cell("–" if _isnan(best) else f"{100 * (best - 1):+.0f}%", "num"),
-                     Cell(PAPER_CLAIMS[v].text if v in PAPER_CLAIMS else "", "claim")])
-    return TableBlock(["variant"] + datasets + ["best over base", "paper (A100, embedding stage)"], rows,
+                    [Cell("–" if _isnan(best) else f"{100 * (best - 1):+.0f}%", "num")] +
+                    ([Cell(claims.get(v, ""), "claim")] if claims else []))
+    return TableBlock(["variant"] + datasets + ["best over base"] + (["paper (A100, embedding stage)"] if claims
+                                                                      else []), rows,
                       caption=f"PREDICTED speedup over base{' on ' + gpu if gpu else ''} (model, not a measurement)")
 
 
@@ -75,7 +86,8 @@ def _p_e2e(s: RunSource) -> PanelOutput:
     datasets = order_datasets(e["dataset"].unique())
     ds = "medium" if "medium" in datasets else datasets[0]
     blocks: list[Any] = []
-    for gpu in gpus[:2]:
+    for i, gpu in enumerate(gpus[:2]):
+        figs: list[Any] = []
         for phase, stages in (("inference", INFERENCE_STAGES), ("training", TRAINING_STAGES)):
             d = e[(e["gpu"].astype(str) == gpu) & (e["phase"] == phase) & (e["dataset"] == ds)]
             if d.empty:
@@ -83,10 +95,12 @@ def _p_e2e(s: RunSource) -> PanelOutput:
             src = "measured" if (d["source"] == "measured").any() else "predicted"
             d = d[d["source"] == src]
             fig = e2e_stage_figure(d, stages, f"DLRM {phase} step per variant, {ds}, {gpu} ({src})")
-            blocks.append(_figure_block(fig, f"{phase.capitalize()} step ({gpu})",
-                                        f"time per batch split by stage ({src}; {ds}); a stage includes the idle "
-                                        "time before its kernels", stamp=PREDICTION_STAMP if src == "predicted"
-                                        else None))
+            figs.append(_figure_block(fig, f"{phase.capitalize()} step ({gpu})",
+                                      f"time per batch split by stage ({src}; {ds}); a stage includes the idle "
+                                      "time before its kernels", stamp=PREDICTION_STAMP if src == "predicted"
+                                      else None))
+        if figs:   # the run's own GPU (or the first) open, another behind a disclosure
+            blocks += figs if i == 0 else [DetailsBlock(f"The DLRM step on {gpu}", figs)]
     tot = e[(e["stage"] == "total") & (e["dataset"] == ds)]
     rows = []
     for r in _order(tot).to_dict("records"):
@@ -95,10 +109,11 @@ def _p_e2e(s: RunSource) -> PanelOutput:
                      Cell(f"{fmt_num(r.get('time_us_low'))}–{fmt_num(r.get('time_us_high'))}", "num"),
                      Cell(fmt_pct(100 * r["embedding_share"]) if not _isnan(r.get("embedding_share")) else "–", "num"),
                      Cell(fmt_x(r.get("speedup_e2e")), "num"), Cell(fmt_x(r.get("speedup_embedding")), "num")])
-    blocks.append(TableBlock(["variant", "GPU", "phase", "source", "batch (µs)", "band (µs)", "embedding share",
-                              "speedup end to end", "speedup embedding only"], rows,
-                             caption=f"{ds}; the paper (A100): up to {PAPER_CLAIMS['end_to_end'].ratio:.2f}x end to "
-                                     f"end, {PAPER_CLAIMS['combined'].ratio:.2f}x for the embedding stage"))
+    paper = (f"; the paper (A100): up to {PAPER_CLAIMS['end_to_end'].ratio:.2f}x end to end, "
+             f"{PAPER_CLAIMS['combined'].ratio:.2f}x for the embedding stage") if is_paper(s) else ""
+    blocks.append(DetailsBlock(f"Step times and speedups ({ds}, {len(rows)} rows)", [TableBlock(
+        ["variant", "GPU", "phase", "source", "batch (µs)", "band (µs)", "embedding share", "speedup end to end",
+         "speedup embedding only"], rows, caption=f"{ds}{paper}")], open=len(rows) <= 12))
     errors = stage_gmae(e)
     if not errors.empty:
         blocks.append(_table(errors, [("phase", _col("phase", _txt, "")), ("stage", _col("stage", _txt, "")),
@@ -115,17 +130,16 @@ def _p_predictions(s: RunSource) -> PanelOutput:
     blocks: list[Any] = [NoteBlock("Model predictions, not measurements.", "prediction")]
     if "mode" in p.columns:
         p = p[p["mode"].fillna("steady") == "steady"] if (p["mode"] == "steady").any() else p
-    gpus = list(dict.fromkeys(p["gpu"].astype(str))) if "gpu" in p.columns else [""]
-    mine = s.gpu.get("key")
-    gpus.sort(key=lambda g: (g != mine, g))
-    for gpu in gpus[:4]:
-        d = _order(p[p["gpu"].astype(str) == gpu] if gpu else p)
-        if "speedup_vs_base" in d.columns and d["speedup_vs_base"].notna().any():
+    claims = _claims(s)
+    # with nothing measured the headline already draws these; beside measurements they are the model's view
+    for gpu in (prediction_gpus(s, p)[:2] if not s.bench_ok.empty else []):
+        d = predicted_speedups(_order(p[p["gpu"].astype(str) == gpu] if gpu else p))
+        if d["speedup"].notna().any():
             fig = prediction_figure(d, gpu, f"Predicted speedup over base{', ' + gpu if gpu else ''}")
             blocks.append(_figure_block(fig,
                                         f"Predicted speedup ({gpu})", f"{PROVENANCE['model'].label} (PREDICTION), "
-                                        "steady mode (L2 warm)", stamp=PREDICTION_STAMP))
-            blocks.append(_predicted_headline(d, gpu))
+                                        "steady mode (L2 warm); error bars: the model's band", stamp=PREDICTION_STAMP))
+            blocks.append(_predicted_headline(d, gpu, claims))
     spec = list(POINT_COLS)
     for col, head, f in (("gpu", "GPU", _txt), ("arch", "arch", _txt), ("time_us", "predicted time (µs)", fmt_num),
                          ("time_us_low", "band low (µs)", fmt_num), ("time_us_high", "band high (µs)", fmt_num),
@@ -141,10 +155,47 @@ def _p_predictions(s: RunSource) -> PanelOutput:
                                                                             "spans the latency and bandwidth constants "
                                                                             "over their published ranges")]))
     v = s.run.model_validation
-    if not v.empty:
+    if not v.empty and claims:
         vspec = [(c, _col(c, _txt)) for c in ("claim", "paper", "model", "agrees", "gpu", "constants") if c in v.columns]
         blocks.append(_table(v, vspec, caption="The model against the MICRO 2024 paper's A100 claims (paper "
                                                "configuration on sm_80; model PREDICTIONS vs published measurements)"))
+    return PanelOutput(blocks)
+
+
+def _p_why(s: RunSource) -> PanelOutput:
+    """Per variant, the model's terms (latency, DRAM, L2, L1, issue) and hit rates: why it
+    takes the time it does, for each GPU and dataset."""
+    p = s.primary_predictions
+    terms = [c for c, _, _ in WHY_TERMS if c in p.columns]
+    if p.empty or not terms:
+        raise Missing("predictions.csv has none of the model's terms (latency_us, dram_us, l2_us, l1_us, issue_us); "
+                      "predict again with this version")
+    if "mode" in p.columns and (p["mode"] == "steady").any():
+        p = p[p["mode"] == "steady"]
+    if "cache_ratio" in p.columns:
+        p = p[p["cache_ratio"].isna()]   # host-resident rows have their own split (host panels)
+    datasets = order_datasets(p["dataset"].unique())
+    first = "medium" if "medium" in datasets else datasets[len(datasets) // 2]
+    blocks: list[Any] = [NoteBlock("Model predictions, not measurements: the predicted time of a table launch is its "
+                                   "largest term (solid bar) plus the launch overhead; the faint bars are the terms "
+                                   "that do not limit it.", "prediction")]
+    for i, gpu in enumerate(prediction_gpus(s, p)[:2]):
+        g = p[p["gpu"].astype(str) == gpu] if gpu else p
+        figs = [_figure_block(why_figure(g[g["dataset"] == ds], f"Why: the model's terms, {ds}, {gpu}"),
+                              f"Why ({ds}, {gpu})", f"{PROVENANCE['model'].label} (PREDICTION), steady mode",
+                              stamp=PREDICTION_STAMP) for ds in [first] + [d for d in datasets if d != first]]
+        if i == 0:
+            blocks.append(figs[0])
+            if len(figs) > 1:
+                blocks.append(DetailsBlock(f"The other datasets on {gpu} ({len(figs) - 1})", figs[1:]))
+        else:
+            blocks.append(DetailsBlock(f"Every dataset on {gpu} ({len(figs)})", figs))
+    spec = [*POINT_COLS, ("GPU", _code("gpu")), ("bound", _col("bound", _txt, ""))] + \
+        [(c.removesuffix("_us") + " (µs)", _col(c)) for c in terms] + \
+        [(f"{lv} hit", _col(f"{lv.lower()}_hit_rate_pct", fmt_pct)) for lv in ("L1", "L2")
+         if f"{lv.lower()}_hit_rate_pct" in p.columns]
+    blocks.append(DetailsBlock(f"The terms as numbers ({len(p)} rows)", [_table(_order(p), spec,
+                                                                                caption="PREDICTED, per table launch")]))
     return PanelOutput(blocks)
 
 
@@ -223,9 +274,18 @@ def _p_precision(s: RunSource) -> PanelOutput:
     return PanelOutput(blocks)
 
 
+def _several_precisions(s: RunSource) -> bool:
+    """The precision grid appears when the experiment lists precisions or the predictions hold several."""
+    p = s.predictions
+    return bool(experiment_of(s).get("dtypes")) or ("dtype" in p.columns and p["dtype"].nunique() > 1)
+
+
 PANELS: tuple[Panel, ...] = (
     Panel("predictions", "Model predictions", S_MODEL, ("predictions",), ("model",),
           "predictions.csv written by the model step; predictions, not measurements", _p_predictions),
+    Panel("why", "Why: the model's time split per variant", S_MODEL, ("predictions",), ("model",),
+          "predictions.csv latency_us, dram_us, l2_us, l1_us and issue_us (the model's terms; the time is the "
+          "largest plus the launch overhead) and the predicted L1 and L2 hit rates", _p_why),
     Panel("e2e", "The whole DLRM step", S_MODEL, ("e2e",), ("model",),
           "e2e.csv: the DLRM step (bottom MLP, embedding stage, interaction, top MLP; training adds backward and "
           "optimizer) per variant, predicted per stage by analysis.model.e2e (measured on a GPU)", _p_e2e),
@@ -235,5 +295,5 @@ PANELS: tuple[Panel, ...] = (
           "--cache-control none)", _p_predicted_vs_measured),
     Panel("precision", "Precision x variant: predicted speedup over fp32 base", S_MODEL, ("predictions",), ("model",),
           "predictions.csv rows of every precision the experiment lists (dtypes), base at fp32 as the reference "
-          "(analysis.model.predict.precision_grid)", _p_precision),
+          "(analysis.model.predict.precision_grid)", _p_precision, applies=_several_precisions),
 )

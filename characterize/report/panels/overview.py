@@ -13,11 +13,14 @@ from characterize.analysis import compare as analyze
 from characterize.analysis.answer import predicted_speedups
 from characterize.analysis.claims import PAPER_CLAIMS
 from characterize.report.blocks import (
+    PREDICTION_STAMP,
     Cell,
+    DetailsBlock,
     Missing,
     NoteBlock,
     PanelOutput,
     TableBlock,
+    _figure_block,
     _isnan,
     _kv,
     _order,
@@ -34,12 +37,17 @@ from characterize.report.layout import (
     S_OVERVIEW,
     Panel,
     _points_missing,
+    is_paper,
+    never_measured,
 )
 from characterize.report.plots import (
     order_datasets,
+    prediction_figure,
+    speedup_figure,
 )
 from characterize.report.provenance import PROVENANCE, TIMING_MODES, ncu_mode_text
 from characterize.report.sources import RunSource
+from characterize.report.views import prediction_gpus
 
 
 def _p_environment(s: RunSource) -> PanelOutput:
@@ -200,6 +208,11 @@ def _speedup_ci_table(s: RunSource, mode: str) -> pd.DataFrame:
     return analyze.speedups(s.bench_ok, mode, against=("base",))
 
 
+def _paper_claims(s: RunSource) -> dict[str, str]:
+    """The paper's claims to set beside a run's speedups: only for the paper's configuration."""
+    return {k: c.text for k, c in PAPER_CLAIMS.items()} if is_paper(s) else {}
+
+
 def _p_headline(s: RunSource) -> PanelOutput:
     if s.bench_ok.empty:
         return _predicted_headline_panel(s)
@@ -210,12 +223,18 @@ def _p_headline(s: RunSource) -> PanelOutput:
         blocks.append(NoteBlock("These ratios come from CPU emulation. They check that the harness works and say "
                                 "NOTHING about GPU performance: do not compare them with the paper's claims.",
                                 "warning"))
-    claims = {k: c.text for k, c in PAPER_CLAIMS.items()}
+    claims = _paper_claims(s)
     for mode in s.modes:
         table = analyze.headline(s.bench_ok, mode)
         if table.empty:
             continue
         ci = _speedup_ci_table(s, mode).set_index(["variant", "dataset"])
+        if mode == s.modes[0]:
+            sp = _order(analyze.speedups(s.bench_ok, mode, against=("base",)))
+            blocks.append(_figure_block(speedup_figure(sp, "base", f"Speedup over base, {mode}"),
+                                        f"Speedup over base ({mode})", f"{PROVENANCE[s.timing_provenance].label}; "
+                                        f"{s.timing_mode(mode)}; error bars: 95% CI (delta method)",
+                                        stamp=s.timing_stamp))
         datasets = list(table.columns)
         rows = []
         for v in _order(pd.DataFrame({"variant": table.index}))["variant"]:
@@ -229,21 +248,24 @@ def _p_headline(s: RunSource) -> PanelOutput:
                                                         " bad" if not _isnan(x) and x < 0.98 else "")))
             best = np.nanmax(vals) if any(not _isnan(x) for x in vals) else np.nan
             cells.append(Cell("–" if _isnan(best) else f"{100 * (best - 1):+.0f}%", "num"))
-            cells.append(Cell(claims.get(v, ""), "claim"))
+            if claims:
+                cells.append(Cell(claims.get(v, ""), "claim"))
             rows.append(cells)
-        blocks.append(TableBlock(["variant"] + datasets + ["best over base", "paper (A100, embedding stage)"], rows,
+        blocks.append(TableBlock(["variant"] + datasets + ["best over base"] +
+                                 (["paper (A100, embedding stage)"] if claims else []), rows,
                                  caption=f"Speedup over base, {TIMING_MODES.get(mode, mode)} "
                                          f"({PROVENANCE[s.timing_provenance].label})",
                                  note="ratio of mean per-table latencies (> 1: faster than base) with a 95% CI"))
     slow = analyze.slowdown_random_vs_one_item(s.bench_ok)
     if not _isnan(slow):
-        blocks.append(NoteBlock(f"base: random access is {slow:.2f}x slower than one-item (steady mode); paper: "
-                                f"{claims.get('random_vs_one_item', '')}."))
+        blocks.append(NoteBlock(f"base: random access is {slow:.2f}x slower than one-item (steady mode)" +
+                                (f"; paper: {claims['random_vs_one_item']}." if claims else ".")))
     return PanelOutput(blocks, modes="; ".join(s.timing_mode(m) for m in s.modes))
 
 
 def _predicted_headline_panel(s: RunSource) -> PanelOutput:
-    """With nothing measured, the headline shows the model's predictions with their bands."""
+    """With nothing measured, the headline shows the model's predictions with their bands:
+    a chart per GPU (the band as error bars), the numbers on demand."""
     p = s.primary_predictions
     if p.empty or not {"variant", "dataset", "time_us"} <= set(p.columns):
         raise Missing(_points_missing(s, "bench", _BENCH_HINT) + " No model predictions either (predictions.csv).")
@@ -251,15 +273,23 @@ def _predicted_headline_panel(s: RunSource) -> PanelOutput:
         p = p[p["mode"] == "steady"]
     sp = predicted_speedups(p)
     banded = sp["speedup_low"].notna().any()
+    why = _points_missing(s, "bench", _BENCH_HINT)
+    if never_measured(s, "bench"):   # the "needs a GPU" box says how to measure
+        why = why.split(". ")[0] + "."
     blocks: list[Any] = [NoteBlock(
         "Nothing was measured in this run: these are the MODEL'S PREDICTIONS, not measurements"
-        + (" (in brackets: the band the model's constants allow)" if banded else
-           " (this predictions.csv carries no band: time_us_low/time_us_high)") + ". "
-        + _points_missing(s, "bench", _BENCH_HINT), "prediction")]
-    claims = {k: c.text for k, c in PAPER_CLAIMS.items()}
-    gpus = list(dict.fromkeys(sp["gpu"].astype(str))) if "gpu" in sp.columns else [""]
-    for gpu in gpus[:3]:
+        + (" (error bars and brackets: the band the model's constants allow)" if banded else
+           " (this predictions.csv carries no band: time_us_low/time_us_high)") + ". " + why[:1].upper() + why[1:],
+        "prediction")]
+    claims = _paper_claims(s)
+    gpus = prediction_gpus(s, sp)
+    for i, gpu in enumerate(gpus[:3]):
         d = sp[sp["gpu"].astype(str) == gpu] if gpu else sp
+        if i < 2:
+            blocks.append(_figure_block(prediction_figure(_order(d), gpu, f"Predicted speedup over base"
+                                                                          f"{', ' + gpu if gpu else ''}"),
+                                        f"Predicted speedup ({gpu})", f"{PROVENANCE['model'].label} (PREDICTION), "
+                                        "steady mode; error bars: the model's band", stamp=PREDICTION_STAMP))
         datasets = order_datasets(d["dataset"])
         rows = []
         for v in _order(pd.DataFrame({"variant": d["variant"].unique()}))["variant"]:
@@ -275,12 +305,14 @@ def _predicted_headline_panel(s: RunSource) -> PanelOutput:
                 cells.append(Cell(f"{x:.2f}×{band}" if not _isnan(x) else "–", "num"))
             best = max((x for x in vals if not _isnan(x)), default=np.nan)
             cells.append(Cell("–" if _isnan(best) else f"{100 * (best - 1):+.0f}%", "num"))
-            cells.append(Cell(claims.get(v, ""), "claim"))
+            if claims:
+                cells.append(Cell(claims.get(v, ""), "claim"))
             rows.append(cells)
-        blocks.append(TableBlock(["variant"] + datasets + ["best over base (predicted)",
-                                                            "paper (A100, embedding stage)"], rows,
-                                 caption=f"PREDICTED speedup over base{' on ' + gpu if gpu else ''}, steady mode "
-                                         "(model prediction, not a measurement)"))
+        blocks.append(DetailsBlock(f"The numbers{' for ' + gpu if gpu else ''} ({len(rows)} variants)", [TableBlock(
+            ["variant"] + datasets + ["best over base (predicted)"] +
+            (["paper (A100, embedding stage)"] if claims else []), rows,
+            caption=f"PREDICTED speedup over base{' on ' + gpu if gpu else ''}, steady mode "
+                    "(model prediction, not a measurement)")]))
     return PanelOutput(blocks, provenance=("model",), modes="model: steady mode (L2 warm between batches)")
 
 
@@ -298,15 +330,15 @@ def _p_failures(s: RunSource) -> PanelOutput:
 
 
 PANELS: tuple[Panel, ...] = (
+    Panel("headline", "Headline: technique × hotness → speedup over base", S_OVERVIEW, (), _headline_prov,
+          "analyze.headline(): ratio of the mean per-table latency of base to that of each variant, per dataset "
+          "(for the paper's configuration, beside the MICRO 2024 paper's A100 claims, analysis.claims); with "
+          "nothing measured, the model's predicted ratios with their bands, labelled as predictions", _p_headline),
+    Panel("contents", "What this run holds", S_OVERVIEW, (), ("meta",),
+          "which stages left results in the run directory, and why the others did not", _p_contents),
     Panel("environment", "Environment", S_OVERVIEW, ("meta",), ("meta",),
           "GPU, driver, clocks, collection modes, versions and command line as recorded in meta.json and the "
           "point files", _p_environment),
-    Panel("contents", "What this run holds", S_OVERVIEW, (), ("meta",),
-          "which stages left results in the run directory, and why the others did not", _p_contents),
-    Panel("headline", "Headline: technique × hotness → speedup over base", S_OVERVIEW, (), _headline_prov,
-          "analyze.headline(): ratio of the mean per-table latency of base to that of each variant, per dataset, "
-          "set beside the MICRO 2024 paper's A100 claims (analysis.claims.PAPER_CLAIMS); with nothing measured, "
-          "the model's predicted ratios with their bands, labelled as predictions", _p_headline),
 )
 
 

@@ -162,7 +162,7 @@ def _p_sass(s: RunSource) -> PanelOutput:
                     f" ({fmt_num(r['model_lo'])}–{fmt_num(r['model_hi'])})"
                     if not _isnan(r.get("model_lo")) and r.get("model_lo") != r.get("model_hi") else ""), "num")),
             ("long-scoreboard (ncu, cycles/inst)", _col("measured_long_scoreboard")),
-            ("reading", lambda r: Cell(_sass_verdict(r), "")),
+            ("reading", lambda r: Cell(_sass_verdict(r), "txt")),
             ("spills in loop (LDL/STL)", _col("local_mem_ops")),
             ("loads by width", lambda r: Cell(_load_bits_text(r.get("load_bits")), "num")),
             ("row / index loads", lambda r: Cell(f"{fmt_num(r.get('row_loads'))} / {fmt_num(r.get('index_loads'))}",

@@ -29,6 +29,7 @@ from characterize.report.layout import (
     S_TIMING,
     Panel,
     _timing_prov,
+    asked_for,
 )
 from characterize.report.plots import (
     bandwidth_figure,
@@ -163,5 +164,7 @@ PANELS: tuple[Panel, ...] = (
           "(meta.json gpu.hbm_GBps)", _p_bandwidth),
     Panel("prepass", "L2 pre-pass included and excluded", S_TIMING, ("bench",), _timing_prov,
           "lookup-kernel time and the time of the L2 pre-pass before it, timed separately with events; speedups "
-          "with the pre-pass excluded (as the paper counts) and included", _p_prepass),
+          "with the pre-pass excluded (as the paper counts) and included", _p_prepass,
+          applies=lambda s: asked_for(s, PREPASS_VARIANTS) or (not s.bench_ok.empty and
+                                                               s.bench_ok["variant"].isin(PREPASS_VARIANTS).any())),
 )
