@@ -111,3 +111,16 @@ class CheckMismatch(CharacterizeError):
     point is recorded as failed with its maximum error, and neither timed nor profiled."""
 
     exit_code = 11
+
+
+def did_you_mean(name: str, known: "list[str] | tuple[str, ...]") -> str:
+    """' Did you mean 'rpf'?' when `name` is close to one of `known` (a typo), else ''.
+    Appended to the one-line error that refuses an unknown name."""
+    import difflib
+
+    text = str(name).strip()
+    lowered = {k.lower(): k for k in known}
+    matches = difflib.get_close_matches(text.lower(), list(lowered), n=2, cutoff=0.6)
+    if not matches:
+        return ""
+    return " Did you mean " + " or ".join(repr(lowered[m]) for m in matches) + "?"

@@ -59,7 +59,7 @@ from characterize.report.render import render_report
 from characterize.rundir import artifact
 from characterize.store import RunDir, environment, list_runs, load_run
 from characterize.workloads.locality import check_dataset, coverage_ks, locality_stats, named_ks
-from characterize.workloads.presets import HOTNESS_ORDER
+from characterize.workloads.presets import HOTNESS_ORDER, Hotness, parse_dataset
 from characterize.workloads.traces import load_dataset
 
 
@@ -122,6 +122,20 @@ def check_experiment(exp: ExperimentConfig, gpu: Any = None) -> ExperimentConfig
                 raise GpuMemoryError(f"{resident}; kept in host memory it still does not fit: {e}") from None
     for d in exp.datasets:
         check_dataset(d, exp.workload)
+    return exp
+
+
+def check_names(exp: ExperimentConfig) -> ExperimentConfig:
+    """The names an experiment holds (variants, datasets, architectures), checked before
+    anything else, GPU or no GPU: an unknown one is refused in one line, with the name it
+    is closest to. Trace files must exist."""
+    for v in exp.variants:
+        get_variant(v)
+    for a in exp.archs:
+        normalize_arch(a)
+    for d in exp.datasets:
+        if not isinstance(parse_dataset(d), Hotness) and not Path(parse_dataset(d)).is_file():
+            check_dataset(d, exp.workload)   # the one-line "no such trace file" refusal
     return exp
 
 

@@ -48,6 +48,21 @@ def _slurm(partition: str | None, gpus_per_task: int | None, time_min: int | Non
     return {"partition": partition, "gpus_per_task": gpus_per_task, "time_min": time_min}
 
 
+def names_first(experiment: str, variants: str | None = None, datasets: str | None = None) -> Any:
+    """The experiment with the --variants and --datasets subsets, every name checked before
+    anything else (no GPU, ncu or Slurm is looked for before a typo is reported)."""
+    import dataclasses
+
+    from characterize.pipeline import check_names, load_experiment
+
+    exp = load_experiment(experiment)
+    if variants:
+        exp = dataclasses.replace(exp, variants=tuple(csv_list(variants)))
+    if datasets:
+        exp = dataclasses.replace(exp, datasets=tuple(csv_list(datasets)))
+    return check_names(exp)
+
+
 def _prepare(experiment: str, out: Path | None, stage: str, resume: bool, backend: str,
              variants: str | None = None, datasets: str | None = None, executor: str = "local",
              slurm: dict[str, Any] | None = None, **overrides: Any):
@@ -56,17 +71,14 @@ def _prepare(experiment: str, out: Path | None, stage: str, resume: bool, backen
 
     from characterize.hardware.devices import require_gpu
     from characterize.measure.executor import require_slurm, with_slurm_options
-    from characterize.pipeline import load_experiment, open_experiment_run
+    from characterize.pipeline import open_experiment_run
 
+    exp = names_first(experiment, variants, datasets)
     if executor == "slurm":
         require_slurm()
-    exp = with_slurm_options(load_experiment(experiment), **(slurm or {}))
+    exp = with_slurm_options(exp, **(slurm or {}))
     if overrides:
         exp = dataclasses.replace(exp, **overrides)
-    if variants:
-        exp = dataclasses.replace(exp, variants=tuple(csv_list(variants)))
-    if datasets:
-        exp = dataclasses.replace(exp, datasets=tuple(csv_list(datasets)))
     info = require_gpu() if backend == "cuda" and executor == "local" else None
     return exp, open_experiment_run(exp, out, stage, resume, info, backend, executor)
 
@@ -141,6 +153,7 @@ def profile(experiment: str, variants: str | None, datasets: str | None, out: Pa
     from characterize.pipeline import follow_points, load_experiment
 
     # through Slurm, --ncu names ncu as the nodes see it; without it, ncu must be found here too
+    names_first(experiment, variants, datasets)   # a typo is reported before ncu or a GPU is looked for
     ncu = ncu_path if executor == "slurm" and ncu_path else str(find_ncu(ncu_path))
     backend = os.environ.get("CHARACTERIZE_BACKEND", "cuda")
     base = load_experiment(experiment).profile

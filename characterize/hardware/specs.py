@@ -14,7 +14,7 @@ import dataclasses
 import re
 from dataclasses import dataclass, field
 
-from characterize.errors import ConfigError
+from characterize.errors import ConfigError, did_you_mean
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -254,10 +254,11 @@ def normalize_arch(text: str) -> str:
     t = text.strip().lower()
     m = re.fullmatch(r"(?:sm_?|compute_)?(\d)\.?(\d)", t)
     if not m:
-        raise ConfigError(f"unknown architecture {text!r}: use sm_80, sm_86, sm_89 or sm_90")
+        raise ConfigError(f"unknown architecture {text!r}: use one of {', '.join(ARCHS)}." + did_you_mean(t, list(ARCHS)))
     arch = f"sm_{m.group(1)}{m.group(2)}"
     if arch not in ARCHS:
-        raise ConfigError(f"architecture {arch} is not in the spec table; known: {', '.join(ARCHS)}")
+        raise ConfigError(f"architecture {arch} is not in the spec table; known: {', '.join(ARCHS)}."
+                          + did_you_mean(arch, list(ARCHS)))
     return arch
 
 
@@ -281,7 +282,7 @@ def gpu_spec(name: str) -> GpuSpec:
         if re.search(pattern, t):
             return GPUS[key]
     known = sorted(set(GPUS) | {a for s in GPUS.values() for a in s.aliases})
-    raise ConfigError(f"unknown GPU {name!r}; known: {', '.join(known)}")
+    raise ConfigError(f"unknown GPU {name!r}; known: {', '.join(known)}." + did_you_mean(t, [*known, *ARCHS]))
 
 
 def parse_archs(text: str) -> list[str]:

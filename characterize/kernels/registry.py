@@ -13,6 +13,7 @@ from characterize.config import DTYPES, dtype_spec
 from characterize.errors import (
     ConfigError,
     UnsupportedShape,
+    did_you_mean,
 )
 from characterize.kernels.build import BuildSpec
 
@@ -210,7 +211,7 @@ def get_variant(name: str) -> Variant:
         return VARIANTS[name]
     except KeyError:
         public = ", ".join(v for v in VARIANTS if not VARIANTS[v].test_only)
-        raise ConfigError(f"unknown variant {name!r}; known: {public}") from None
+        raise ConfigError(f"unknown variant {name!r}; known: {public}." + did_you_mean(name, list(VARIANTS))) from None
 
 
 def warp_group(D: int, dtype: str = "fp32") -> int:
