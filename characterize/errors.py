@@ -18,6 +18,15 @@ class ConfigError(CharacterizeError, ValueError):
     """A configuration value is out of range or inconsistent."""
 
 
+class MissingInput(ConfigError):
+    """A value the input cannot tell (a trace file's embedding dimension, say) was not given;
+    `names` are the options that give it (the CLI asks for them on a terminal)."""
+
+    def __init__(self, message: str, names: "list[str] | tuple[str, ...]" = ()) -> None:
+        super().__init__(message)
+        self.names = tuple(names)
+
+
 class WorkloadError(CharacterizeError, ValueError):
     """A trace is malformed, truncated or holds out-of-range indices."""
 

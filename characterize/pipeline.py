@@ -157,6 +157,38 @@ def load_experiment(name_or_path: str | None = None) -> ExperimentConfig:
     return check_experiment(read_experiment(name_or_path))
 
 
+@dataclass
+class TraceExperiment:
+    """An experiment made for a trace file (`--trace`): the experiment, and one line per
+    choice made for it (what the file said, what was given, what was left out)."""
+
+    experiment: ExperimentConfig
+    notes: list[str]
+
+
+def trace_experiment(path: str | Path, base: str | None = None, **given: Any) -> TraceExperiment:
+    """The experiment `base` (default 'paper': every variant, its architectures and bench
+    settings) on one dataset, the trace file `path`, with the workload inferred from the
+    file (workloads.shape.infer_workload: T, E and the bags from the file, D and a flat
+    stream's T from `given`, else MissingInput). Extra precisions are left to --dtypes;
+    variants that cannot run the inferred D are left out, and said so."""
+    from characterize.workloads.shape import infer_workload, trace_shape
+
+    exp = read_experiment(base)
+    shape = trace_shape(path)
+    inferred = infer_workload(shape, exp.workload, given)
+    wl = inferred.workload
+    notes = list(inferred.notes)
+    runnable = tuple(v for v in exp.variants if _reads(v, wl))
+    dropped = [v for v in exp.variants if v not in runnable]
+    if dropped:
+        notes.append(f"left out: {', '.join(dropped)} (cannot run D={wl.D} {wl.dtype})")
+    name = f"trace-{Path(path).stem}"
+    exp = dataclasses.replace(exp, name=name, description=f"{exp.name} experiment on the trace {Path(path).name}",
+                              datasets=(str(path),), workload=wl, variants=runnable, dtypes=())
+    return TraceExperiment(check_experiment(exp), notes)
+
+
 # ----------------------------------------------------------- static + model
 @dataclass(frozen=True)
 class CodeFacts:
@@ -487,12 +519,13 @@ STEPS: tuple[Step, ...] = (
 
 def run_experiment(exp: ExperimentConfig, out: Path | None = None, *, resume: bool = False,
                    progress: Reporter | Progress | None = None, ncu: str | None = None, backend: str = "cuda",
-                   executor: str = "local") -> RunOutcome:
+                   executor: str = "local", after_step: Callable[[str, Path], None] | None = None) -> RunOutcome:
     """Run `exp` into `out`, step by step (STEPS); steps that cannot run here are recorded
     as skipped, with why. `progress` (a Reporter, or a plain callback for one line per
-    step) follows each step. backend emulate times the CPU emulation; executor slurm
-    measures each point as one Slurm array task (the GPU is then the nodes', not this
-    machine's)."""
+    step) follows each step; `after_step(name, run directory)` is called when a step has
+    finished and written its results (the CLI streams the answer once predictions exist).
+    backend emulate times the CPU emulation; executor slurm measures each point as one
+    Slurm array task (the GPU is then the nodes', not this machine's)."""
     reporter = as_reporter(progress)
     say = reporter.message
     if executor == "slurm":
@@ -521,6 +554,8 @@ def run_experiment(exp: ExperimentConfig, out: Path | None = None, *, resume: bo
             say(f"{step.name} failed: {e}")
         else:
             outcome.steps[step.name] = "done"
+            if after_step is not None:
+                after_step(step.name, run.path)
         run.log(f"{step.name}: {outcome.steps[step.name]} ({time.perf_counter() - start:.1f} s)")
     return outcome
 

@@ -8,7 +8,18 @@ from typing import Any, Callable
 
 import click
 
-from characterize.cli.base import TerminalReporter, csv_list, echo_err, main, print_rows
+from characterize.cli.base import (
+    TerminalReporter,
+    asks,
+    csv_list,
+    echo_err,
+    experiment_with,
+    main,
+    print_answer,
+    print_rows,
+    trace_options,
+    wide_option,
+)
 
 
 # ------------------------------------------------------------ bench, profile
@@ -89,6 +100,7 @@ def _prepare(experiment: str, out: Path | None, stage: str, resume: bool, backen
 @click.option("--backend", type=click.Choice(["cuda", "emulate"]), default="cuda", show_default=True,
               help="emulate times the CPU emulation: checks the harness, not GPU performance")
 @executor_options
+@wide_option
 def bench(experiment: str, variants: str | None, datasets: str | None, out: Path | None, resume: bool,
           modes: str | None, backend: str, executor: str, slurm_partition: str | None,
           slurm_gpus_per_task: int | None, slurm_time: int | None) -> None:
@@ -182,21 +194,33 @@ def profile(experiment: str, variants: str | None, datasets: str | None, out: Pa
 @click.option("--backend", type=click.Choice(["cuda", "emulate"]), default="cuda", show_default=True,
               help="emulate also times the CPU emulation without a GPU: checks the harness, not GPU performance")
 @executor_options
+@trace_options
+@wide_option
 def run_cmd(experiment: str, out: Path | None, resume: bool, ncu_path: str | None, backend: str, executor: str,
-            slurm_partition: str | None, slurm_gpus_per_task: int | None, slurm_time: int | None) -> None:
+            slurm_partition: str | None, slurm_gpus_per_task: int | None, slurm_time: int | None,
+            trace: Path | None, **wl: Any) -> None:
     """The main job: build, characterize, measure (with a GPU) and summarize an experiment
-    (a shipped experiment name, e.g. paper or quick, or a TOML file)."""
+    (a shipped experiment name, e.g. paper or quick, or a TOML file), or the experiment on
+    your own trace (--trace FILE). Ends with the answer: the best variant per dataset and
+    GPU, by how much, and how sure."""
+    from characterize.analysis.answer import answer_run
     from characterize.measure.executor import with_slurm_options
-    from characterize.pipeline import load_experiment, run_experiment
+    from characterize.pipeline import run_experiment
+    from characterize.store import load_run
 
-    exp = with_slurm_options(load_experiment(experiment), slurm_partition, slurm_gpus_per_task, slurm_time)
+    exp = with_slurm_options(experiment_with(experiment, trace, echo_err, asks(), **wl), slurm_partition,
+                             slurm_gpus_per_task, slurm_time)
     start = time.perf_counter()
     echo_err(f"experiment {exp.name}: {exp.description}")
     with TerminalReporter() as reporter:
-        outcome = run_experiment(exp, out, resume=resume, progress=reporter, ncu=ncu_path, backend=backend,
-                                 executor=executor)
-    from characterize.store import load_run
+        def early_answer(step: str, path: Path) -> None:
+            """The answer as soon as the predictions exist (measurements, if any, come later)."""
+            if step == "predict":
+                a = answer_run(load_run(path))
+                reporter.message(f"predicted answer ({time.perf_counter() - start:.0f} s): {a.summary()}")
 
+        outcome = run_experiment(exp, out, resume=resume, progress=reporter, ncu=ncu_path, backend=backend,
+                                 executor=executor, after_step=early_answer)
     r = load_run(outcome.path)
     if not r.static.empty:
         click.echo("\nstatic characterization (lookup kernels as configured):")
@@ -214,7 +238,8 @@ def run_cmd(experiment: str, out: Path | None, resume: bool, ncu_path: str | Non
         print_rows(r.locality.to_dict("records"), ["dataset", "lookups", "unique_rows", *cov, "reuse_p50",
                                                    "reuse_p90"], fractions=cov)
     click.echo("\nsteps: " + "; ".join(f"{k}: {v.splitlines()[0]}" for k, v in outcome.steps.items()))
-    click.echo(f"run directory: {outcome.path}")
+    print_answer(answer_run(r))
+    click.echo(f"\nrun directory: {outcome.path}")
     if outcome.report:
         click.echo(f"report: {outcome.report}")
     echo_err(f"finished in {time.perf_counter() - start:.1f} s")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from characterize.cli.base import TerminalReporter, echo_err, main, print_rows
+from characterize.cli.base import TerminalReporter, echo_err, main, print_rows, wide_option
 
 
 # -------------------------------------------------------------------- import
@@ -98,6 +98,7 @@ def _section(title: str, frame, columns=None, top: int | None = None) -> None:  
               help="pair kernel A of the first with kernel B of the second (function names, demangled names or "
                    "#IDs; repeatable)")
 @click.option("--json", "as_json", is_flag=True)
+@wide_option
 def compare(a: Path, b: Path, top: int, metric_filter: str | None, pairs: tuple[str, ...], as_json: bool) -> None:
     """Compare two runs or reports as the report does: kernels matched by base name and
     launch order (--pair for the rest) with deltas; between two runs also timings with

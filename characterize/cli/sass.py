@@ -15,6 +15,7 @@ from characterize.cli.base import (
     echo_err,
     main,
     print_rows,
+    wide_option,
 )
 from characterize.config import DEFAULT_ARCHS, parse_param_overrides
 
@@ -35,6 +36,7 @@ def _counts(counts: dict[Any, int], suffix: str = "") -> str:
               help="the training step's kernels instead (backward and fused optimizer: cuda-atomic, cuda-sorted, "
                    "cuda-fused-*), with their registers, spills and occupancy")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@wide_option
 def sass(archs: str, variants: str | None, D: int, params: tuple[str, ...], dtype: str, training: bool,
          as_json: bool) -> None:
     """Disassemble each variant's hot loop: loads by kind and width, spills, shuffles,

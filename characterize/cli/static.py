@@ -15,6 +15,7 @@ from characterize.cli.base import (
     echo_err,
     main,
     print_rows,
+    wide_option,
     workload_from,
     workload_options,
 )
@@ -57,6 +58,7 @@ def devices(as_json: bool) -> None:
 @click.option("--dtype", default="fp32", show_default=True,
               help="table element type: fp32, fp16, bf16, int8 (fp32 scale/bias) or int8h (fp16 scale/bias)")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@wide_option
 def build(archs: str, variants: str | None, caps: str | None, D: int, params: tuple[str, ...], dtype: str,
           as_json: bool) -> None:
     """Compile every variant per architecture; registers, spills and theoretical occupancy."""
@@ -105,6 +107,7 @@ def build(archs: str, variants: str | None, caps: str | None, D: int, params: tu
                    "scale/bias, int8h with fp16 scale/bias) [the workload's dtype]")
 @workload_options
 @click.option("--json", "as_json", is_flag=True)
+@wide_option
 def check(variants: str | None, datasets: str, backend: str, paper_shape: bool, params: tuple[str, ...],
           dtypes: str | None, as_json: bool, **wl: Any) -> None:
     """Check every variant against torch.nn.functional.embedding_bag."""
