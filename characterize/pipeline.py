@@ -29,7 +29,7 @@ from characterize.analysis.model.constants import ModelConstants, load_calibrati
 from characterize.analysis.model.e2e import Overheads
 from characterize.analysis.model.e2e import predict_step as predict_e2e
 from characterize.analysis.model.host import CACHE_SWEEP
-from characterize.analysis.model.predict import predict_experiment
+from characterize.analysis.model.predict import predict_experiment as model_predictions
 from characterize.config import DTYPES, DlrmConfig, ExperimentConfig, WorkloadConfig, read_experiment
 from characterize.errors import (
     CharacterizeError,
@@ -261,7 +261,7 @@ def predict(exp: ExperimentConfig, archs: Sequence[str] | None = None, *, code: 
     rep = as_reporter(progress)
     with rep.task(f"predictions for {', '.join(targets)}", total=len(exp.datasets), unit="datasets") as task:
         per = PerMessage(task, len(exp.datasets))
-        df = predict_experiment(exp, targets, static=code.static, sass=code.sass, progress=per,
+        df = model_predictions(exp, targets, static=code.static, sass=code.sass, progress=per,
                                 cache_ratios=cache_ratios)
         per.close()
         task.finish(f"{len(df)} point(s) predicted")
@@ -274,6 +274,11 @@ def predict(exp: ExperimentConfig, archs: Sequence[str] | None = None, *, code: 
         df = pd.concat([df, predict(other, targets, progress=progress, cache_ratios=cache_ratios)],
                        ignore_index=True)
     return df
+
+
+def predict_experiment(exp: ExperimentConfig, archs: Sequence[str] | None = None, **kwargs: Any) -> pd.DataFrame:
+    """The same as `predict` (compiling what the model reads), under the name notebooks use."""
+    return predict(exp, archs, **kwargs)
 
 
 def _reads(variant: str, wl: WorkloadConfig) -> bool:

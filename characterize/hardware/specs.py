@@ -296,3 +296,23 @@ def parse_archs(text: str) -> list[str]:
     if not out:
         raise ConfigError("no architecture given")
     return out
+
+
+def markdown_table(measured: dict[str, str] | None = None) -> str:
+    """The README's supported-GPU table, one row per entry of GPUS (a GPU added to the
+    table appears when the README is regenerated; a test keeps the two in step):
+    architecture, SMs, L2 and its persisting share, memory, DRAM peak, host link, and
+    whether a measured run of it is committed (`measured`: GPU key -> run directory);
+    every other number about it is the model's prediction until one is."""
+    measured = measured or {}
+    lines = ["| GPU | `--arch` | SM | SMs | L2 (persisting) | memory | DRAM peak | host link | measured here |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    default = {v: k for k, v in DEFAULT_GPU.items()}
+    for key, g in GPUS.items():
+        names = [f"`{key}`"] + [f"`{a}`" for a in g.aliases]
+        arch = g.arch + (" (default)" if default.get(key) == g.arch else "")
+        where = f"yes: `{measured[key]}`" if key in measured else "no: predicted only"
+        lines.append(f"| {g.name} | {', '.join(names)} | {arch} | {g.sm_count} | {g.l2_bytes / MiB:g} MiB "
+                     f"({g.max_persisting_l2_bytes / MiB:g} MiB) | {g.memory_bytes / GiB:.0f} GiB | "
+                     f"{g.hbm_GBps:,.0f} GB/s | {g.host_link} | {where} |")
+    return "\n".join(lines)
