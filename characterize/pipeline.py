@@ -29,6 +29,7 @@ from characterize.analysis.model.constants import ModelConstants, load_calibrati
 from characterize.analysis.model.e2e import Overheads
 from characterize.analysis.model.e2e import predict_step as predict_e2e
 from characterize.analysis.model.host import CACHE_SWEEP
+from characterize.analysis.model.locality import shared_profiles
 from characterize.analysis.model.predict import predict_experiment as model_predictions
 from characterize.config import DTYPES, DlrmConfig, ExperimentConfig, WorkloadConfig, read_experiment
 from characterize.errors import (
@@ -44,7 +45,7 @@ from characterize.hardware.specs import gpu_spec, normalize_arch
 from characterize.kernels.build import reported_builds
 from characterize.kernels.check import CheckResult, check_variants
 from characterize.kernels.registry import HOST_VARIANTS, VARIANT_ORDER, default_cache_rows, get_variant
-from characterize.kernels.static import analyze_variants, static_characterization
+from characterize.kernels.static import analyze_variants, prebuild, static_characterization
 from characterize.kernels.training import CUDA_BACKWARDS, kernel_for, training_facts
 from characterize.measure.e2e import check_pipeline, measure_step
 from characterize.measure.executor import GPUS_DIR, Placement, gpu_identity, measure_stage, require_slurm
@@ -60,7 +61,7 @@ from characterize.rundir import artifact
 from characterize.store import RunDir, environment, list_runs, load_run
 from characterize.workloads.locality import check_dataset, coverage_ks, locality_stats, named_ks
 from characterize.workloads.presets import HOTNESS_ORDER, Hotness, parse_dataset
-from characterize.workloads.traces import load_dataset
+from characterize.workloads.traces import load_dataset, shared_datasets
 
 
 def _watch_points(run: RunDir, kind: str, points: Sequence[tuple[str, str]], task: Task,
@@ -225,12 +226,16 @@ def sass_frame(variants: Sequence[str], archs: Sequence[str], D: int,
 
 def code_facts(variants: Sequence[str], archs: Sequence[str], D: int, params: Mapping[str, Any] | None = None,
                sweep_caps: Sequence[int] = (), dtype: str = "fp32",
-               progress: Reporter | Progress | None = None) -> CodeFacts:
+               progress: Reporter | Progress | None = None, also_dtypes: Sequence[str] = ()) -> CodeFacts:
     """Compile the variants (builds are cached), read ptxas's resources and the SASS;
-    `progress` sees each build, compiled or reused."""
+    `progress` sees each build, compiled or reused. The builds of `also_dtypes` (the
+    experiment's other precisions, characterized later) are compiled in the same parallel
+    batches, so nvcc runs on every core from the start."""
     rep = as_reporter(progress)
     try:
         with reported_builds(rep, f"compile for {', '.join(archs)}"):
+            prebuild(variants, archs, [dtype, *(d for d in also_dtypes if d != dtype)], sweep_caps, dict(params or {}),
+                     D=D)
             rows = static_characterization(list(variants), list(archs), sweep_caps, D=D,
                                            params=dict(params or {}), dtype=dtype)
         with rep.task("SASS hot loops (cuobjdump)") as task:
@@ -248,6 +253,12 @@ def predict(exp: ExperimentConfig, archs: Sequence[str] | None = None, *, code: 
     what the model needs unless `code` already covers it; `cache_ratios` sweeps the
     cache variant's size (shares of E). The experiment's extra `dtypes` are predicted
     too (each variant that reads them at D), one row per dtype, for the precision grid."""
+    with shared_datasets(), shared_profiles():   # each trace read and analyzed once for every precision
+        return _predict(exp, archs, code=code, progress=progress, cache_ratios=cache_ratios)
+
+
+def _predict(exp: ExperimentConfig, archs: Sequence[str] | None = None, *, code: CodeFacts | None = None,
+             progress: Reporter | Progress | None = None, cache_ratios: Sequence[float] | None = None) -> pd.DataFrame:
     targets = list(archs or exp.archs)
     if cache_ratios and "cache" not in exp.variants:   # a cache-size sweep is about the cache variant
         exp = dataclasses.replace(exp, variants=(*exp.variants, "cache"))
@@ -257,7 +268,8 @@ def predict(exp: ExperimentConfig, archs: Sequence[str] | None = None, *, code: 
     # host-resident variants run base's kernel: base's code facts are theirs
     names = list(dict.fromkeys(["base", *(v for v in exp.variants if get_variant(v).host == "none")]))
     if code is None or not code.covers(names, gpu_archs, exp.workload.D):
-        code = code_facts(names, gpu_archs, exp.workload.D, exp.params, dtype=exp.workload.dtype, progress=progress)
+        code = code_facts(names, gpu_archs, exp.workload.D, exp.params, dtype=exp.workload.dtype, progress=progress,
+                          also_dtypes=exp.dtypes)
     rep = as_reporter(progress)
     with rep.task(f"predictions for {', '.join(targets)}", total=len(exp.datasets), unit="datasets") as task:
         per = PerMessage(task, len(exp.datasets))
@@ -360,7 +372,7 @@ def locality_step(run: RunDir, exp: ExperimentConfig, progress: Reporter | Progr
 def static_step(run: RunDir, exp: ExperimentConfig, progress: Reporter | Progress = _quiet) -> CodeFacts:
     """static.csv (with the register sweep) and sass.csv of the experiment's variants."""
     code = code_facts(exp.variants, exp.archs, exp.workload.D, exp.params, exp.maxrregcount, exp.workload.dtype,
-                      progress=progress)
+                      progress=progress, also_dtypes=exp.dtypes)
     run.write("static", code.static)
     run.write("sass", code.sass)
     return code
@@ -532,7 +544,6 @@ def run_experiment(exp: ExperimentConfig, out: Path | None = None, *, resume: bo
     backend emulate times the CPU emulation; executor slurm measures each point as one
     Slurm array task (the GPU is then the nodes', not this machine's)."""
     reporter = as_reporter(progress)
-    say = reporter.message
     if executor == "slurm":
         require_slurm()  # before any work: one line when Slurm cannot be reached from here
     found = devices() if backend == "cuda" and executor == "local" else []
@@ -542,6 +553,13 @@ def run_experiment(exp: ExperimentConfig, out: Path | None = None, *, resume: bo
     outcome = RunOutcome(run.path)
     ctx = StepContext(exp, run, reporter, backend, executor, ncu, info, outcome)
     run.log(f"run {exp.name} ({'GPU ' + info.name if info else 'no GPU'})")
+    with shared_datasets(), shared_profiles():   # locality, predictions and the DLRM step read each trace once
+        _run_steps(ctx, after_step)
+    return outcome
+
+
+def _run_steps(ctx: StepContext, after_step: Callable[[str, Path], None] | None) -> None:
+    run, outcome, say = ctx.run, ctx.outcome, ctx.reporter.message
     for step in STEPS:
         if step.name == "report":
             run.update_meta(steps=outcome.steps)
@@ -562,7 +580,6 @@ def run_experiment(exp: ExperimentConfig, out: Path | None = None, *, resume: bo
             if after_step is not None:
                 after_step(step.name, run.path)
         run.log(f"{step.name}: {outcome.steps[step.name]} ({time.perf_counter() - start:.1f} s)")
-    return outcome
 
 
 # -------------------------------------------------------------- end to end

@@ -5,6 +5,9 @@ does per lookup (latencies serialized, rows in flight, instructions), from its S
 
 from __future__ import annotations
 
+import contextvars
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -13,7 +16,7 @@ import pandas as pd
 
 from characterize.analysis.model.constants import SECTOR
 from characterize.analysis.model.host import HostProfile
-from characterize.analysis.model.locality import TraceProfile, sectors_per_row
+from characterize.analysis.model.locality import TraceProfile, sectors_per_row, trace_profile
 from characterize.config import DTYPES, WorkloadConfig
 from characterize.errors import ConfigError
 from characterize.hardware.specs import UVM_PAGE_BYTES, GpuSpec
@@ -182,11 +185,18 @@ def _prepare(workload: WorkloadConfig, datasets: Sequence[str], variants: Sequen
     code = _sass_table(sass, workload.dtype)
     points = []
     hosts: dict[str, HostProfile] = {}   # one per dataset: replays shared by every GPU
+    missing = [ds for ds in datasets if ds not in profiles]
+    if progress:
+        for ds in missing:
+            progress(f"model: reuse distances of {ds}")
+    if len(missing) > 1:   # each trace on its own thread (the reuse kernel releases the GIL), in this context
+        contexts = [contextvars.copy_context() for _ in missing]   # (the shared caches of the run)
+        with ThreadPoolExecutor(min(len(missing), os.cpu_count() or 1)) as pool:
+            profiles.update(zip(missing, pool.map(lambda c, d: c.run(trace_profile, d, workload, tables),
+                                                  contexts, missing)))
     for ds in datasets:
         if ds not in profiles:
-            if progress:
-                progress(f"model: reuse distances of {ds}")
-            profiles[ds] = TraceProfile(ds, workload, tables)
+            profiles[ds] = trace_profile(ds, workload, tables)
         prof = profiles[ds]
         per_bag = prof.lookups_per_launch / prof.bags
         for gpu in gpus:

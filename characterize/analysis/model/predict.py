@@ -11,6 +11,7 @@ import pandas as pd
 from characterize.analysis.model.constants import MODES, ModelConstants, load_calibration
 from characterize.analysis.model.equations import _evaluate
 from characterize.analysis.model.geometry import _Point, _prepare
+from characterize.analysis.model.locality import warm
 from characterize.config import ExperimentConfig, WorkloadConfig
 from characterize.errors import ConfigError
 from characterize.hardware.specs import GpuSpec, gpu_spec
@@ -97,6 +98,11 @@ def predict(workload: WorkloadConfig, datasets: Sequence[str], variants: Sequenc
     gpus = _gpus(archs_or_gpus)
     points = _prepare(workload, list(datasets), list(variants), gpus, params or {}, static, sass, tables, mode, {},
                       progress, cache_ratios)
+    needs: dict[int, set[tuple[int, str]]] = {}
+    for p in points:
+        if p.l2 != "none" and p.pinned_rows:
+            needs.setdefault(id(p.profile), set()).add((p.pinned_rows, p.mode))
+    warm([p.profile for p in points], needs, {p.mode for p in points})
     return _frame(points, _constants_for(gpus, constants), list(variants))
 
 
