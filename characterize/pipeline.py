@@ -61,6 +61,7 @@ from characterize.rundir import artifact
 from characterize.store import RunDir, environment, list_runs, load_run
 from characterize.workloads.locality import check_dataset, coverage_ks, locality_stats, named_ks
 from characterize.workloads.presets import HOTNESS_ORDER, Hotness, parse_dataset
+from characterize.workloads.shape import infer_workload, trace_shape
 from characterize.workloads.traces import load_dataset, shared_datasets
 
 
@@ -173,8 +174,6 @@ def trace_experiment(path: str | Path, base: str | None = None, **given: Any) ->
     file (workloads.shape.infer_workload: T, E and the bags from the file, D and a flat
     stream's T from `given`, else MissingInput). Extra precisions are left to --dtypes;
     variants that cannot run the inferred D are left out, and said so."""
-    from characterize.workloads.shape import infer_workload, trace_shape
-
     exp = read_experiment(base)
     shape = trace_shape(path)
     inferred = infer_workload(shape, exp.workload, given)

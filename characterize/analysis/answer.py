@@ -25,6 +25,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import pandas as pd
 
+from characterize.analysis.compare import speedups
 from characterize.analysis.model.predict import primary_predictions
 from characterize.kernels.registry import HOST_VARIANTS, VARIANT_ORDER
 from characterize.workloads.presets import HOTNESS_ORDER
@@ -270,8 +271,6 @@ def _predicted_rows(pred: pd.DataFrame, gpus: Sequence[str] | None) -> list[dict
 
 # ------------------------------------------------------------------- measured
 def _measured_rows(bench: pd.DataFrame, gpu: str, pred: pd.DataFrame) -> list[dict[str, Any]]:
-    from characterize.analysis.compare import speedups
-
     s = speedups(bench, "steady", against=REFERENCES)
     if s.empty:
         return []

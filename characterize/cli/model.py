@@ -94,9 +94,9 @@ def predict(experiment: str, archs: str | None, cache_ratio: str | None, dtypes:
     sp = predicted_speedups(df)
     view = df.assign(band_us=[f"{lo:,.1f}-{hi:,.1f}" if lo == lo and hi == hi else "" for lo, hi in
                               zip(df["time_us_low"], df["time_us_high"])],
-                     vs_base=[band_text(x, lo, hi) for x, lo, hi in zip(sp["speedup"], sp["speedup_low"],
+                     speedup_vs_base=[band_text(x, lo, hi) for x, lo, hi in zip(sp["speedup"], sp["speedup_low"],
                                                                         sp["speedup_high"])])
-    print_rows(view.to_dict("records"), ["variant", "dtype", "dataset", "gpu", "time_us", "band_us", "vs_base",
+    print_rows(view.to_dict("records"), ["variant", "dtype", "dataset", "gpu", "time_us", "band_us", "speedup_vs_base",
                                          "bound", "l1_hit_rate_pct", "l2_hit_rate_pct", "dram_bytes",
                                          "resident_warps", "loads_in_flight", "arch", "constants"])
     grid = precision_grid(df)
