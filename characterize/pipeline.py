@@ -59,7 +59,7 @@ from characterize.progress import quiet as _quiet
 from characterize.report.render import render_report
 from characterize.rundir import artifact
 from characterize.store import RunDir, environment, list_runs, load_run
-from characterize.workloads.locality import check_dataset, coverage_ks, locality_stats, named_ks
+from characterize.workloads.locality import check_dataset, coverage_ks, locality_stats, named_ks, shared_reuse
 from characterize.workloads.presets import HOTNESS_ORDER, Hotness, parse_dataset
 from characterize.workloads.shape import infer_workload, trace_shape
 from characterize.workloads.traces import load_dataset, shared_datasets
@@ -252,7 +252,8 @@ def predict(exp: ExperimentConfig, archs: Sequence[str] | None = None, *, code: 
     what the model needs unless `code` already covers it; `cache_ratios` sweeps the
     cache variant's size (shares of E). The experiment's extra `dtypes` are predicted
     too (each variant that reads them at D), one row per dtype, for the precision grid."""
-    with shared_datasets(), shared_profiles():   # each trace read and analyzed once for every precision
+    # each trace read and analyzed once for every precision
+    with shared_datasets(), shared_reuse(), shared_profiles():
         return _predict(exp, archs, code=code, progress=progress, cache_ratios=cache_ratios)
 
 
@@ -552,7 +553,8 @@ def run_experiment(exp: ExperimentConfig, out: Path | None = None, *, resume: bo
     outcome = RunOutcome(run.path)
     ctx = StepContext(exp, run, reporter, backend, executor, ncu, info, outcome)
     run.log(f"run {exp.name} ({'GPU ' + info.name if info else 'no GPU'})")
-    with shared_datasets(), shared_profiles():   # locality, predictions and the DLRM step read each trace once
+    # the locality step, every precision's predictions and the DLRM step read and analyze each trace once
+    with shared_datasets(), shared_reuse(), shared_profiles():
         _run_steps(ctx, after_step)
     return outcome
 

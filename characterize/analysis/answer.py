@@ -123,8 +123,7 @@ class Answer:
         for r in self.rows.to_dict("records"):
             row = {"GPU": str(r["gpu"]), "dataset": str(r["dataset"]), "best": str(r["best"])}
             for ref in refs:
-                row[f"vs {ref}"] = band_text(r.get(f"speedup_vs_{ref}"), r.get(f"speedup_vs_{ref}_low"),
-                                             r.get(f"speedup_vs_{ref}_high"))
+                row[f"vs {ref}"] = _speedup(r, ref)
             bound = "" if _nan_or_empty(r.get("bound")) else str(r["bound"])
             row["bound"] = (bound or "–") + (" (model)" if bound and r.get("bound_source") == "model"
                                              and r["source"] == "measured" else "")
@@ -157,13 +156,17 @@ class Answer:
         for gpu, g in self.rows.groupby("gpu", sort=False):
             picks = []
             for r in g.to_dict("records"):
-                vs = ", ".join(f"{band_text(r.get(f'speedup_vs_{ref}'), r.get(f'speedup_vs_{ref}_low'), r.get(f'speedup_vs_{ref}_high'))} over {ref}"  # noqa: E501
-                               for ref in self.references() if not _nan(r.get(f"speedup_vs_{ref}")))
+                vs = ", ".join(f"{_speedup(r, ref)} over {ref}" for ref in self.references()
+                               if not _nan(r.get(f"speedup_vs_{ref}")))
                 picks.append(f"{r['dataset']}: {r['best']}" + (f" ({vs})" if vs else ""))
             out.append(f"{gpu}: " + "; ".join(picks))
         out.append(self.how())
         out += list(self.notes)
         return out
+
+
+def _speedup(row: dict, ref: str) -> str:
+    return band_text(row.get(f"speedup_vs_{ref}"), row.get(f"speedup_vs_{ref}_low"), row.get(f"speedup_vs_{ref}_high"))
 
 
 def band_text(x: Any, low: Any = None, high: Any = None) -> str:
