@@ -11,12 +11,15 @@ results as it finishes, so an interrupted run keeps everything already measured 
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import json
+import os
 import shlex
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -54,6 +57,7 @@ from characterize.measure.runner import (
     open_run,
     pending_points,
 )
+from characterize.memory import memory_budget
 from characterize.progress import PerMessage, Progress, Reporter, Task, as_reporter
 from characterize.progress import quiet as _quiet
 from characterize.report.render import render_report
@@ -347,25 +351,35 @@ def locality_step(run: RunDir, exp: ExperimentConfig, progress: Reporter | Progr
     wl = exp.workload
     # the coverage curve, from K=1 on a log scale, and the K that mean something
     ks = coverage_ks(wl.E) | set(named_ks(wl.row_bytes, exp.archs).values())
-    out, failed = {}, []
+    out, failed = {}, {}
     with as_reporter(progress).task("locality", total=len(exp.datasets), unit="datasets") as task:
-        for ds in exp.datasets:
-            task.advance(0, item=ds)
+        def one(ds: str) -> None:
             try:
                 data = load_dataset(ds, wl, tables=[table])
                 stats = locality_stats(data.tables[0].indices, data.rows, wl.row_bytes, sorted(ks),
-                                       progress=lambda done, n, ds=ds: task.advance(
+                                       progress=lambda done, n: task.advance(
                                            0, item=f"{ds}: reuse distances {done / n:.0%}"))
             except CharacterizeError as e:  # one bad dataset costs only itself
-                failed.append(str(e) if ds in str(e) else f"{ds}: {e}")
+                failed[ds] = str(e) if ds in str(e) else f"{ds}: {e}"
                 task.advance(1)
-                continue
+                return
             out[ds] = stats.to_json() | {"table": table, "description": data.description}
             task.advance(1, item=f"{ds}: {stats.unique_rows:,} unique of {stats.lookups:,} lookups")
+
+        # datasets side by side (the reuse kernel releases the GIL), as many as the memory budget holds at
+        # once, each in this run's context (its shared traces)
+        n = wl.B * wl.batches * wl.L.max
+        one_table = 64 * n + 16 * n + 8 * wl.E    # statistics (locality.STATS_BYTES_PER_LOOKUP), trace, counts
+        workers = max(1, min(len(exp.datasets), os.cpu_count() or 1, memory_budget()[0] // max(1, one_table)))
+        contexts = [contextvars.copy_context() for _ in exp.datasets]
+        with ThreadPoolExecutor(workers) as pool:
+            list(pool.map(lambda c, d: c.run(one, d), contexts, exp.datasets))
+        out = {ds: out[ds] for ds in exp.datasets if ds in out}   # in the experiment's order
         task.finish(f"{len(out)} dataset(s) analyzed" + (f", {len(failed)} failed" if failed else ""))
     run.write("locality", out)
     if failed:
-        raise WorkloadError(f"{'; '.join(failed)} (the other datasets' statistics are in locality.json)")
+        raise WorkloadError(f"{'; '.join(failed[d] for d in exp.datasets if d in failed)} (the other datasets' "
+                            "statistics are in locality.json)")
     return out
 
 
