@@ -9,10 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from characterize.analysis import compare as analyze
 from characterize.analysis import ncu
 from characterize.analysis.answer import ModelValidation, answer_run
-from characterize.report.blocks import Cell, TableBlock
-from characterize.report.sources import ImportSource, RunSource
+from characterize.report.blocks import Cell, TableBlock, fmt_num
+from characterize.report.sources import ImportSource, Pair, RunSource
 from characterize.report.views import first_answer
 
 
@@ -67,6 +68,40 @@ def import_box(s: ImportSource) -> AnswerBox:
     return box
 
 
-def answer_boxes(sources: list[Any], validation: ModelValidation | None = None) -> list[AnswerBox]:
-    """The first box of the page, one per source, in order."""
-    return [run_box(s, validation) if isinstance(s, RunSource) else import_box(s) for s in sources]
+def comparison_box(pair: Pair) -> AnswerBox | None:
+    """Two Nsight Compute reports compared: how many kernels pair up, their summed time on
+    each side and the largest change (None when a side has no profiled kernel)."""
+    if not isinstance(pair.a, ImportSource) or not isinstance(pair.b, ImportSource):
+        return None
+    a, b = pair.a.kview, pair.b.kview
+    if a.empty or b.empty or "duration_ns" not in a.columns or "duration_ns" not in b.columns:
+        return None
+    matched = analyze.match_kernels(a, b, [], pair.pairs)
+    d = analyze.kernel_deltas(a, b, matched, ["duration_ns"]).dropna(subset=["a", "b"])
+    box = AnswerBox(f"{pair.slug}-answer", pair.label, "comparison", "ncu")
+    alone = int(matched["match"].astype(str).str.startswith("only").sum())
+    if d.empty:
+        box.sentences = [f"No kernel of {pair.b.label} pairs up with one of {pair.a.label} ({alone} on one side "
+                         "only): pair them by hand with --pair A=B."]
+        return box
+    ta, tb = float(d["a"].sum()), float(d["b"].sum())
+    top = d.reindex(d["delta"].abs().sort_values(ascending=False).index).iloc[0]
+    change = (f"{top['a_kernel']} → {top['b_kernel']}: {fmt_num(top['a'] / 1e3)} µs → {fmt_num(top['b'] / 1e3)} µs "
+              f"({top['delta_pct']:+.1f}%)")
+    text = f"{pair.b.label} against {pair.a.label}: "
+    if len(d) == 1:
+        text += f"one kernel pairs up, {change}."
+    else:
+        text += (f"{len(d)} kernels pair up; their summed time goes from {fmt_num(ta / 1e3)} µs to "
+                 f"{fmt_num(tb / 1e3)} µs ({100 * (tb - ta) / ta:+.1f}%); the largest change is {change}.")
+    box.sentences = [text + (f" {alone} kernel(s) are on one side only (--pair A=B pairs them by hand)."
+                             if alone else "")]
+    return box
+
+
+def answer_boxes(sources: list[Any], validation: ModelValidation | None = None,
+                 pairs: list[Pair] = ()) -> list[AnswerBox]:
+    """The first box of the page, one per source, in order, then one per comparison of two
+    reports."""
+    boxes = [run_box(s, validation) if isinstance(s, RunSource) else import_box(s) for s in sources]
+    return boxes + [b for b in (comparison_box(p) for p in pairs) if b is not None]

@@ -182,16 +182,17 @@ def build_report(sources: Any, *, title: str | None = None, strict: bool = False
         panels = RUN_PANELS if src.kind == "run" else IMPORT_PANELS
         kind = "run" if src.kind == "run" else "Nsight Compute report"
         rendered.append(RenderedSource(src.slug, src.label, kind, _sections(panels, src, strict)))
-    comparisons = []
+    comparisons, pair_list = [], []
     for i, other in enumerate(srcs[1:] if compare else [], 1):
         pair = Pair(srcs[0], other, i, tuple(pairs))
+        pair_list.append(pair)
         both_runs = src_is_run(pair.a) and src_is_run(pair.b)
         panels = [p for p in COMPARE_PANELS if p.id not in RUN_ONLY_COMPARE or both_runs]
         comparisons.append(RenderedSource(pair.slug, pair.label, "comparison", _sections(panels, pair, strict)))
     used = sorted({p.key for r in rendered + comparisons for sec in r.sections for pn in sec.panels
                    for p in pn.provenance}, key=list(PROVENANCE).index)
     try:
-        answers = answer_boxes(srcs, validation)
+        answers = answer_boxes(srcs, validation, pair_list)
     except Exception:  # noqa: BLE001 - the page without its first box beats no page
         if strict:
             raise

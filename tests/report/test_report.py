@@ -653,6 +653,10 @@ def test_comparison_of_two_reports_matches_kernels(ncu_fixtures):
     html = report_html([a, b], strict=True)
     part = panel_html(html, "c1-metrics")
     assert "similar name + launch order" in part and "Unmatched kernels (3)" in part
+    box = html[html.index('id="c1-answer"'):]
+    box = box[:box.index("</section>")]   # the comparison's answer, in the first box
+    assert "one kernel pairs up, #0 nodeByPoint → #0 nodeByPoint5 (1 of 4)" in box and "(-84.7%)" in box
+    assert "3 kernel(s) are on one side only" in box and html.index('id="c1-answer"') < html.index('class="panel')
     assert "8,261,907 → 1,266,778 (-84.7%)" in part and "25.1% → 33.5% (+8.4 pt)" in part
     html = report_html([a, b], strict=True, pairs=["nodeByPoint=#2"])
     part = panel_html(html, "c1-metrics")
