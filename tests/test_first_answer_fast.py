@@ -56,3 +56,21 @@ def test_prebuild_asks_for_every_build_the_characterization_reads():
             static_characterization(variants, archs, (40, 48) if dt == "fp32" else (), D=128, dtype=dt)
             analyze_variants(variants, archs, D=128, dtype=dt)
     assert after.seen and after.seen <= before.seen, after.seen - before.seen
+
+
+@needs_tools
+def test_device_code_builds_read_like_the_library():
+    """What static characterization and SASS analysis build: the device code alone, whose
+    ptxas report and SASS are the shared library's (nvcc skips the host compile and link)."""
+    from characterize.kernels.build import BuildSpec, build
+    from characterize.kernels.sass import kernels_in
+
+    lib = build(BuildSpec("cuda", "sm_80", 48))
+    dev = build(BuildSpec("cuda", "sm_80", 48, output="cubin"))
+    assert lib.library.suffix == ".so" and dev.library.name == "chz.cubin" and "-cubin" in dev.command
+    assert lib.kernels == dev.kernels   # registers, spills, stack, shared memory of every kernel
+    a, b = kernels_in(lib.library), kernels_in(dev.library)
+    assert sorted(a) == sorted(b)
+    for name in a:
+        assert [i.text for i in a[name].instructions] == [i.text for i in b[name].instructions], name
+    assert "(device code)" in dev.spec.label() and BuildSpec("emulate", output="cubin").output == "library"

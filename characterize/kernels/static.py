@@ -10,6 +10,7 @@ stay light.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -84,6 +85,12 @@ def _loop_spills(result: BuildResult, kernel: str) -> int | None:
     return sum(1 for i in loop.path if i.opcode in ("LDL", "STL")) if loop is not None else None
 
 
+def _device(spec: BuildSpec) -> BuildSpec:
+    """The build static characterization and SASS analysis read: the device code alone
+    (the ptxas report and the SASS are those of the library; nvcc skips the host side)."""
+    return dataclasses.replace(spec, output="cubin")
+
+
 def _cap_candidates(arch: str, uncapped_registers: int) -> list[int]:
     """The caps worth trying for a kernel of `uncapped_registers` on `arch`: each that puts
     more 256-thread blocks on an SM than the kernel uncapped, from the fewest blocks up."""
@@ -105,11 +112,12 @@ def prebuild(variants: Iterable[str], archs: Iterable[str], dtypes: Iterable[str
     dtypes = list(dict.fromkeys(dtypes))
     chosen = [get_variant(n) for n in variants]
     params = params or {}
-    first = {BuildSpec("cuda", a, None, dt) for a in archs for dt in dtypes}
-    first |= {BuildSpec("cuda", a, int(c), dtypes[0]) for a in archs for c in sweep_caps} if dtypes else set()
+    first = {_device(BuildSpec("cuda", a, None, dt)) for a in archs for dt in dtypes}
+    first |= {_device(BuildSpec("cuda", a, int(c), dtypes[0])) for a in archs for c in sweep_caps} if dtypes else set()
     for v in chosen:
         if v.compiled and v.capped and "maxrregcount" in (params.get(v.name) or {}):
-            first |= {v.build_spec("cuda", a, v.resolve_params(params.get(v.name)), dt) for a in archs for dt in dtypes}
+            first |= {_device(v.build_spec("cuda", a, v.resolve_params(params.get(v.name)), dt))
+                      for a in archs for dt in dtypes}
     built = build_many(first)
     second: set[BuildSpec] = set()
     for v in chosen:
@@ -122,9 +130,9 @@ def prebuild(variants: Iterable[str], archs: Iterable[str], dtypes: Iterable[str
                 except UnsupportedShape:
                     continue
                 kernel = v.kernel_name(v.resolve_params(params.get(v.name)), 128, dt)
-                regs = built[BuildSpec("cuda", a, None, dt)].resources(kernel).registers
+                regs = built[_device(BuildSpec("cuda", a, None, dt))].resources(kernel).registers
                 caps = _cap_candidates(a, regs) or [regs]
-                second |= {BuildSpec("cuda", a, c, dt) for c in caps}
+                second |= {_device(BuildSpec("cuda", a, c, dt)) for c in caps}
     results = build_many(second - set(built))
     try:
         find_cuobjdump()
@@ -146,14 +154,15 @@ def default_register_cap(arch: str, kernel: str = BASE_KERNEL, dtype: str = "fp3
     cap helps. Chosen per kernel and dtype: a cap light for base can spill inside rpf's loop,
     and int8's dequantization needs registers fp32 does not."""
     arch = normalize_arch(arch)
-    uncapped = build_many([BuildSpec("cuda", arch, None, dtype)])[BuildSpec("cuda", arch, None, dtype)].resources(kernel)
+    spec = _device(BuildSpec("cuda", arch, None, dtype))
+    uncapped = build_many([spec])[spec].resources(kernel)
     candidates = _cap_candidates(arch, uncapped.registers)
     if not candidates:
         return uncapped.registers
-    built = build_many([BuildSpec("cuda", arch, c, dtype) for c in candidates])
+    built = build_many([_device(BuildSpec("cuda", arch, c, dtype)) for c in candidates])
     best = uncapped.registers
     for cap in candidates:  # fewest blocks first: later entries reach higher occupancy
-        result = built[BuildSpec("cuda", arch, cap, dtype)]
+        result = built[_device(BuildSpec("cuda", arch, cap, dtype))]
         res = result.resources(kernel)
         if res.spill_stores + res.spill_loads <= LIGHT_SPILL_BYTES and not _loop_spills(result, kernel):
             best = cap
@@ -179,7 +188,8 @@ def static_characterization(variants: Iterable[str] | None = None, archs: Iterab
     their cap), plus one row per sweep cap for each variant's lookup kernel, for tables of `dtype`."""
     plans = plan_variants(variants, archs, D, params, dtype)
     caps = sorted(set(int(c) for c in sweep_caps))
-    sweeps = [(p, BuildSpec("cuda", p.arch, c, dtype)) for p in plans if p.role == "lookup" and p.variant.honors_cap
+    sweeps = [(p, _device(BuildSpec("cuda", p.arch, c, dtype))) for p in plans
+              if p.role == "lookup" and p.variant.honors_cap
               for c in caps]
     results = build_many({p.spec for p in plans} | {spec for _, spec in sweeps})
     rows = []
@@ -217,7 +227,7 @@ def plan_variants(variants: Iterable[str] | None = None, archs: Iterable[str] = 
                 continue
             v.check_shape(D, dtype)
             p = resolve_params(v, params.get(v.name), arch, dtype=dtype)
-            spec = v.build_spec("cuda", arch, p, dtype)
+            spec = _device(v.build_spec("cuda", arch, p, dtype))
             plans.append(Plan(v, arch, spec, v.kernel_name(p, D, dtype), "lookup"))
             if v.l2 == "prefetch":
                 plans.append(Plan(v, arch, spec, "chz_l2_pin_kernel", "prepass"))
