@@ -20,7 +20,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from characterize.errors import ConfigError, GpuMemoryError
+from characterize.errors import ConfigError, GpuMemoryError, did_you_mean
 from characterize.units import format_bytes
 
 if sys.version_info >= (3, 11):
@@ -657,7 +657,8 @@ def read_experiment(name_or_path: str | None = None) -> ExperimentConfig:
         path = experiments_dir() / f"{target}.toml"
     if not path.is_file():
         available = sorted(p.stem for p in experiments_dir().glob("*.toml"))
-        raise ConfigError(f"no experiment {target!r} (looked for {path}); available: {', '.join(available) or 'none'}")
+        raise ConfigError(f"no experiment {target!r} (looked for {path}); available: {', '.join(available) or 'none'}."
+                          + did_you_mean(path.stem, available))
     try:
         raw = path.read_bytes()
     except OSError as e:

@@ -32,6 +32,15 @@ class OutputError(CharacterizeError, ValueError):
     the command's own inputs (writing would destroy it)."""
 
 
+class MissingInput(ConfigError):
+    """A value the input cannot tell (a trace file's embedding dimension, say) was not given;
+    `names` are the options that give it (the CLI asks for them on a terminal)."""
+
+    def __init__(self, message: str, names: "list[str] | tuple[str, ...]" = ()) -> None:
+        super().__init__(message)
+        self.names = tuple(names)
+
+
 class WorkloadError(CharacterizeError, ValueError):
     """A trace is malformed, truncated or holds out-of-range indices."""
 
@@ -241,3 +250,16 @@ class BinaryError(CharacterizeError):
     architecture, no function matching the pattern, or no lookup loop in the ones read."""
 
     exit_code = 14
+
+
+def did_you_mean(name: str, known: "list[str] | tuple[str, ...]") -> str:
+    """' Did you mean 'rpf'?' when `name` is close to one of `known` (a typo), else ''.
+    Appended to the one-line error that refuses an unknown name."""
+    import difflib
+
+    text = str(name).strip()
+    lowered = {k.lower(): k for k in known}
+    matches = difflib.get_close_matches(text.lower(), list(lowered), n=2, cutoff=0.6)
+    if not matches:
+        return ""
+    return " Did you mean " + " or ".join(repr(lowered[m]) for m in matches) + "?"

@@ -11,12 +11,15 @@ results as it finishes, so an interrupted run keeps everything already measured 
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import json
+import os
 import shlex
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -31,7 +34,8 @@ from characterize.analysis.model.e2e import predict_step as predict_e2e
 from characterize.analysis.model.geometry import _prepare as _prepare_points
 from characterize.analysis.model.host import CACHE_SWEEP
 from characterize.analysis.model.kernels import peer_dtype
-from characterize.analysis.model.predict import predict_experiment
+from characterize.analysis.model.locality import shared_profiles
+from characterize.analysis.model.predict import predict_experiment as model_predictions
 from characterize.analysis.model.validation_error import write_model_error
 from characterize.analysis.validation import (
     VALIDATION_CSV,
@@ -65,7 +69,7 @@ from characterize.kernels.registry import (
     get_variant,
     register_user,
 )
-from characterize.kernels.static import analyze_variants, static_characterization
+from characterize.kernels.static import analyze_variants, prebuild, static_characterization
 from characterize.kernels.training import CUDA_BACKWARDS, kernel_for, training_facts
 from characterize.kernels.user import sass_rows
 from characterize.measure.e2e import check_pipeline, measure_step
@@ -76,14 +80,16 @@ from characterize.measure.runner import (
     pending_points,
     points_failed,
 )
+from characterize.memory import memory_budget
 from characterize.progress import PerMessage, Progress, Reporter, Task, as_reporter
 from characterize.progress import quiet as _quiet
 from characterize.report.render import render_report
 from characterize.rundir import artifact
 from characterize.store import RunDir, environment, list_runs, load_run, run_fingerprint
-from characterize.workloads.locality import check_dataset, coverage_ks, locality_stats, named_ks
-from characterize.workloads.presets import HOTNESS_ORDER
-from characterize.workloads.traces import load_dataset
+from characterize.workloads.locality import check_dataset, coverage_ks, locality_stats, named_ks, shared_reuse
+from characterize.workloads.presets import HOTNESS_ORDER, Hotness, parse_dataset
+from characterize.workloads.shape import infer_workload, trace_shape
+from characterize.workloads.traces import load_dataset, shared_datasets
 
 
 def _watch_points(run: RunDir, kind: str, points: Sequence[tuple[str, str]], task: Task,
@@ -152,6 +158,20 @@ def check_experiment(exp: ExperimentConfig, gpu: Any = None) -> ExperimentConfig
     return exp
 
 
+def check_names(exp: ExperimentConfig) -> ExperimentConfig:
+    """The names an experiment holds (variants, datasets, architectures), checked before
+    anything else, GPU or no GPU: an unknown one is refused in one line, with the name it
+    is closest to. Trace files must exist."""
+    for v in exp.variants:
+        get_variant(v)
+    for a in exp.archs:
+        normalize_arch(a)
+    for d in exp.datasets:
+        if not isinstance(parse_dataset(d), Hotness) and not Path(parse_dataset(d)).is_file():
+            check_dataset(d, exp.workload)   # the one-line "no such trace file" refusal
+    return exp
+
+
 def _fits(workload: WorkloadConfig, gpu: Any) -> bool:
     """Whether the tables (and traces) fit the GPU's memory."""
     return workload.device_bytes() <= gpu.memory_bytes
@@ -168,6 +188,36 @@ def check_fit(exp: ExperimentConfig, gpu: Any, variants: Sequence[str] | None = 
 def load_experiment(name_or_path: str | None = None) -> ExperimentConfig:
     """A shipped experiment by name ('paper', 'quick') or a TOML file, fully checked."""
     return check_experiment(read_experiment(name_or_path))
+
+
+@dataclass
+class TraceExperiment:
+    """An experiment made for a trace file (`--trace`): the experiment, and one line per
+    choice made for it (what the file said, what was given, what was left out)."""
+
+    experiment: ExperimentConfig
+    notes: list[str]
+
+
+def trace_experiment(path: str | Path, base: str | None = None, **given: Any) -> TraceExperiment:
+    """The experiment `base` (default 'paper': every variant, its architectures and bench
+    settings) on one dataset, the trace file `path`, with the workload inferred from the
+    file (workloads.shape.infer_workload: T, E and the bags from the file, D and a flat
+    stream's T from `given`, else MissingInput). Extra precisions are left to --dtypes;
+    variants that cannot run the inferred D are left out, and said so."""
+    exp = read_experiment(base)
+    shape = trace_shape(path)
+    inferred = infer_workload(shape, exp.workload, given)
+    wl = inferred.workload
+    notes = list(inferred.notes)
+    runnable = tuple(v for v in exp.variants if _reads(v, wl))
+    dropped = [v for v in exp.variants if v not in runnable]
+    if dropped:
+        notes.append(f"left out: {', '.join(dropped)} (cannot run D={wl.D} {wl.dtype})")
+    name = f"trace-{Path(path).stem}"
+    exp = dataclasses.replace(exp, name=name, description=f"{exp.name} experiment on the trace {Path(path).name}",
+                              datasets=(str(path),), workload=wl, variants=runnable, dtypes=())
+    return TraceExperiment(check_experiment(exp), notes)
 
 
 # ----------------------------------------------------------- static + model
@@ -212,12 +262,16 @@ def sass_frame(variants: Sequence[str], archs: Sequence[str], D: int,
 
 def code_facts(variants: Sequence[str], archs: Sequence[str], D: int, params: Mapping[str, Any] | None = None,
                sweep_caps: Sequence[int] = (), dtype: str = "fp32",
-               progress: Reporter | Progress | None = None) -> CodeFacts:
+               progress: Reporter | Progress | None = None, also_dtypes: Sequence[str] = ()) -> CodeFacts:
     """Compile the variants (builds are cached), read ptxas's resources and the SASS;
-    `progress` sees each build, compiled or reused."""
+    `progress` sees each build, compiled or reused. The builds of `also_dtypes` (the
+    experiment's other precisions, characterized later) are compiled in the same parallel
+    batches, so nvcc runs on every core from the start."""
     rep = as_reporter(progress)
     try:
         with reported_builds(rep, f"compile for {', '.join(archs)}"):
+            prebuild(variants, archs, [dtype, *(d for d in also_dtypes if d != dtype)], sweep_caps, dict(params or {}),
+                     D=D)
             rows = static_characterization(list(variants), list(archs), sweep_caps, D=D,
                                            params=dict(params or {}), dtype=dtype)
         with rep.task("SASS hot loops (cuobjdump)") as task:
@@ -231,11 +285,22 @@ def code_facts(variants: Sequence[str], archs: Sequence[str], D: int, params: Ma
 
 def predict(exp: ExperimentConfig, archs: Sequence[str] | None = None, *, code: CodeFacts | None = None,
             progress: Reporter | Progress | None = None, cache_ratios: Sequence[float] | None = None,
-            profiles: dict | None = None) -> pd.DataFrame:
+            profiles: dict | None = None, mode: str | Sequence[str] = "steady") -> pd.DataFrame:
     """Model predictions for `exp` on `archs` (architectures or GPU names), compiling
     what the model needs unless `code` already covers it; `cache_ratios` sweeps the
     cache variant's size (shares of E). The experiment's extra `dtypes` are predicted
-    too (each variant that reads them at D), one row per dtype, for the precision grid."""
+    too (each variant that reads them at D), one row per dtype, for the precision grid.
+    `mode`: steady (tables in turn, as in production), cold (L2 flushed before each
+    launch, as a benchmark that flushes measures), or both."""
+    # each trace read and analyzed once for every precision
+    with shared_datasets(), shared_reuse(), shared_profiles():
+        return _predict(exp, archs, code=code, progress=progress, cache_ratios=cache_ratios, profiles=profiles,
+                        mode=mode)
+
+
+def _predict(exp: ExperimentConfig, archs: Sequence[str] | None = None, *, code: CodeFacts | None = None,
+             progress: Reporter | Progress | None = None, cache_ratios: Sequence[float] | None = None,
+             profiles: dict | None = None, mode: str | Sequence[str] = "steady") -> pd.DataFrame:
     targets = list(archs or exp.archs)
     if cache_ratios and "cache" not in exp.variants:   # a cache-size sweep is about the cache variant
         exp = dataclasses.replace(exp, variants=(*exp.variants, "cache"))
@@ -249,14 +314,15 @@ def predict(exp: ExperimentConfig, archs: Sequence[str] | None = None, *, code: 
         # an architecture this nvcc cannot build (CUDA 13: Volta) is modelled from the closest one it can
         code_archs = list(dict.fromkeys(buildable_arch(a) for a in gpu_archs))
         if code is None or not code.covers(names, code_archs, exp.workload.D, dtype):
-            code = code_facts(names, code_archs, exp.workload.D, exp.params, dtype=dtype, progress=progress)
+            code = code_facts(names, code_archs, exp.workload.D, exp.params, dtype=dtype, progress=progress,
+                              also_dtypes=exp.dtypes)
     rep = as_reporter(progress)
     custom = user_sass(exp, gpu_archs, rep)
     with rep.task(f"predictions for {', '.join(targets)}", total=len(exp.datasets), unit="datasets") as task:
         per = PerMessage(task, len(exp.datasets))
         profiles = {} if profiles is None else profiles   # the traces' locality, shared by every dtype
-        df = predict_experiment(exp, targets, static=code.static, sass=code.sass, progress=per,
-                                cache_ratios=cache_ratios, profiles=profiles, custom=custom)
+        df = model_predictions(exp, targets, static=code.static, sass=code.sass, progress=per,
+                               cache_ratios=cache_ratios, profiles=profiles, custom=custom, mode=mode)
         per.close()
         task.finish(f"{len(df)} point(s) predicted")
     for dt in dict.fromkeys(exp.dtypes):
@@ -266,7 +332,7 @@ def predict(exp: ExperimentConfig, archs: Sequence[str] | None = None, *, code: 
         other = dataclasses.replace(exp, workload=wl, dtypes=(), variants=tuple(v for v in exp.variants
                                                                                 if _reads(v, wl)))
         df = pd.concat([df, predict(other, targets, code=code, progress=progress, cache_ratios=cache_ratios,
-                                    profiles=profiles)],
+                                    profiles=profiles, mode=mode)],
                        ignore_index=True)
     return df
 
@@ -284,6 +350,11 @@ def user_sass(exp: ExperimentConfig, archs: Sequence[str], progress: Reporter) -
             nest = [r.get("nest_rows_in_flight") for r in out[name].values()]
             task.finish(f"{', '.join(f'{a}: {n} rows in flight' for a, n in zip(out[name], nest))}")
     return out
+
+
+def predict_experiment(exp: ExperimentConfig, archs: Sequence[str] | None = None, **kwargs: Any) -> pd.DataFrame:
+    """The same as `predict` (compiling what the model reads), under the name notebooks use."""
+    return predict(exp, archs, **kwargs)
 
 
 def _reads(variant: str, wl: WorkloadConfig) -> bool:
@@ -344,25 +415,35 @@ def locality_step(run: RunDir, exp: ExperimentConfig, progress: Reporter | Progr
     wl = exp.workload
     # the coverage curve, from K=1 on a log scale, and the K that mean something
     ks = coverage_ks(wl.E) | set(named_ks(wl.row_bytes, exp.archs).values())
-    out, failed = {}, []
+    out, failed = {}, {}
     with as_reporter(progress).task("locality", total=len(exp.datasets), unit="datasets") as task:
-        for ds in exp.datasets:
-            task.advance(0, item=ds)
+        def one(ds: str) -> None:
             try:
                 data = load_dataset(ds, wl, tables=[table])
                 stats = locality_stats(data.tables[0].indices, data.rows, wl.row_bytes, sorted(ks),
-                                       progress=lambda done, n, ds=ds: task.advance(
+                                       progress=lambda done, n: task.advance(
                                            0, item=f"{ds}: reuse distances {done / n:.0%}"))
             except CharacterizeError as e:  # one bad dataset costs only itself
-                failed.append(str(e) if ds in str(e) else f"{ds}: {e}")
+                failed[ds] = str(e) if ds in str(e) else f"{ds}: {e}"
                 task.advance(1)
-                continue
+                return
             out[ds] = stats.to_json() | {"table": table, "description": data.description}
             task.advance(1, item=f"{ds}: {stats.unique_rows:,} unique of {stats.lookups:,} lookups")
+
+        # datasets side by side (the reuse kernel releases the GIL), as many as the memory budget holds at
+        # once, each in this run's context (its shared traces)
+        n = wl.B * wl.batches * wl.L.max
+        one_table = 64 * n + 16 * n + 8 * wl.E    # statistics (locality.STATS_BYTES_PER_LOOKUP), trace, counts
+        workers = max(1, min(len(exp.datasets), os.cpu_count() or 1, memory_budget()[0] // max(1, one_table)))
+        contexts = [contextvars.copy_context() for _ in exp.datasets]
+        with ThreadPoolExecutor(workers) as pool:
+            list(pool.map(lambda c, d: c.run(one, d), contexts, exp.datasets))
+        out = {ds: out[ds] for ds in exp.datasets if ds in out}   # in the experiment's order
         task.finish(f"{len(out)} dataset(s) analyzed" + (f", {len(failed)} failed" if failed else ""))
     run.write("locality", out)
     if failed:
-        raise WorkloadError(f"{'; '.join(failed)} (the other datasets' statistics are in locality.json)")
+        raise WorkloadError(f"{'; '.join(failed[d] for d in exp.datasets if d in failed)} (the other datasets' "
+                            "statistics are in locality.json)")
     return out
 
 
@@ -372,7 +453,7 @@ def static_step(run: RunDir, exp: ExperimentConfig, progress: Reporter | Progres
     read, so that the run directory says where every prediction came from)."""
     archs = list(dict.fromkeys(buildable_arch(a) for a in exp.archs))   # CUDA 13 builds no Volta: its stand-in
     code = code_facts(exp.variants, archs, exp.workload.D, exp.params, exp.maxrregcount, exp.workload.dtype,
-                      progress=progress)
+                      progress=progress, also_dtypes=exp.dtypes)
     statics, sasses = [code.static], [code.sass]
     for dt in dict.fromkeys(exp.dtypes):
         if dt == exp.workload.dtype:
@@ -571,15 +652,17 @@ STEPS: tuple[Step, ...] = (
 
 def run_experiment(exp: ExperimentConfig, out: Path | None = None, *, resume: bool = False,
                    progress: Reporter | Progress | None = None, ncu: str | None = None, backend: str = "cuda",
-                   executor: str = "local", remeasure: bool = False) -> RunOutcome:
+                   executor: str = "local", remeasure: bool = False,
+                   after_step: Callable[[str, Path], None] | None = None) -> RunOutcome:
     """Run `exp` into `out`, step by step (STEPS); steps that cannot run here are recorded
     as skipped, with why. `progress` (a Reporter, or a plain callback for one line per
-    step) follows each step. backend emulate times the CPU emulation; executor slurm
-    measures each point as one Slurm array task (the GPU is then the nodes', not this
-    machine's). `remeasure` measures again the finished points whose fingerprint differs
-    (changed parameters, settings or trace files) instead of refusing the resume."""
+    step) follows each step; `after_step(name, run directory)` is called when a step has
+    finished and written its results (the CLI streams the answer once predictions exist).
+    backend emulate times the CPU emulation; executor slurm measures each point as one
+    Slurm array task (the GPU is then the nodes', not this machine's). `remeasure`
+    measures again the finished points whose fingerprint differs (changed parameters,
+    settings or trace files) instead of refusing the resume."""
     reporter = as_reporter(progress)
-    say = reporter.message
     if executor == "slurm":
         require_slurm()  # before any work: one line when Slurm cannot be reached from here
     found = devices() if backend == "cuda" and executor == "local" else []
@@ -589,6 +672,14 @@ def run_experiment(exp: ExperimentConfig, out: Path | None = None, *, resume: bo
     outcome = RunOutcome(run.path)
     ctx = StepContext(exp, run, reporter, backend, executor, ncu, info, outcome)
     run.log(f"run {exp.name} ({'GPU ' + info.name if info else 'no GPU'})")
+    # the locality step, every precision's predictions and the DLRM step read and analyze each trace once
+    with shared_datasets(), shared_reuse(), shared_profiles():
+        _run_steps(ctx, after_step)
+    return outcome
+
+
+def _run_steps(ctx: StepContext, after_step: Callable[[str, Path], None] | None) -> None:
+    run, outcome, say = ctx.run, ctx.outcome, ctx.reporter.message
     for step in STEPS:
         if step.name == "report":
             try:
@@ -614,8 +705,9 @@ def run_experiment(exp: ExperimentConfig, out: Path | None = None, *, resume: bo
             say(f"{step.name} failed: {describe_os_error(e)}")
         else:
             outcome.steps[step.name] = "done"
+            if after_step is not None:
+                after_step(step.name, run.path)
         run.log(f"{step.name}: {outcome.steps[step.name]} ({time.perf_counter() - start:.1f} s)")
-    return outcome
 
 
 # -------------------------------------------------------------- validation

@@ -111,7 +111,8 @@ def main() -> None:
         print(f"{peer} {dtype}: {sum(1 for x in rows if x['peer'] == peer and x['dtype'] == dtype)} kernel(s) "
               f"({time.perf_counter() - start:.0f} s)", file=sys.stderr)
     for r in rows:   # the name up to its parameters: the template arguments say which instance
-        r["kernel"] = r["kernel"].split("(")[0]
+        r["kernel"] = r["kernel"].replace("(anonymous namespace)", "{anonymous}").split("(")[0] \
+            .replace("{anonymous}", "(anonymous namespace)")
     columns = [c for c in dict.fromkeys(k for r in rows for k in r) if c in KEEP]
     with open(args.out, "w", newline="") as f:
         w = csv.DictWriter(f, columns, extrasaction="ignore")

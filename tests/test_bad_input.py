@@ -251,3 +251,17 @@ def test_the_bad_input_table_in_the_readme_lists_every_case():
                    "1-D (one stream)", "K >= 1", "Python objects", "being written by another process",
                    "the experiment file is empty", "dies with", "crashed on it (SIGABRT)"):
         assert phrase in table, phrase
+
+
+# ------------------------------------------------------- did you mean, before anything else
+def test_a_typo_is_named_before_the_gpu_ncu_or_slurm_is_looked_for(tmp_path):
+    """Unknown variants, datasets, GPUs and experiments: one line with the closest known
+    name, before the no-GPU (bench), no-ncu (profile) or no-Slurm refusals could hide it."""
+    refused(cli("bench", "quick", "--variants", "base,rfp"), 2, "unknown variant 'rfp'", "Did you mean 'rpf'?")
+    refused(cli("profile", "quick", "--datasets", "meduim", "--ncu", tmp_path / "no-ncu"), 2,
+            "unknown dataset 'meduim'", "Did you mean 'medium'?")
+    refused(cli("bench", "quick", "--variants", "wrap", "--executor", "slurm"), 2, "Did you mean 'warp'?")
+    refused(cli("run", "papr"), 2, "no experiment 'papr'", "Did you mean 'paper'?")
+    refused(cli("predict", "quick", "--arch", "h10"), 2, "unknown GPU 'h10'", "Did you mean 'h100'")
+    refused(cli("bench", "quick", "--variants", "zzzz"), 2, "unknown variant 'zzzz'")
+    assert "Did you mean" not in cli("bench", "quick", "--variants", "zzzz").stderr

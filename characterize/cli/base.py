@@ -4,19 +4,24 @@ messages and exit codes, option bundles and table printing."""
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import linecache
 import math
 import numbers
 import os
+import re
+import shutil
 import signal
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 import click
 
 from characterize.errors import CharacterizeError, FileSystemError, describe_os_error, escape_text
+from characterize.units import format_bytes
 
 #: the exit code of a refused file operation (disk full, read-only, a file where a directory belongs, ...)
 FILE_SYSTEM_EXIT = FileSystemError.exit_code
@@ -172,16 +177,34 @@ def _is_number(v: object) -> bool:
     return isinstance(v, numbers.Real) and not isinstance(v, bool)
 
 
+def plain_number(v: float, significant: int = 4) -> str:
+    """A number with `significant` digits and never in scientific notation: 0.0001234,
+    1,234.5, -6,995,128,416."""
+    x = float(v)
+    if x == 0 or not math.isfinite(x):
+        return "0" if x == 0 else str(x)
+    decimals = min(12, max(0, significant - 1 - math.floor(math.log10(abs(x)))))
+    return f"{x:,.{decimals}f}"
+
+
+def _is_bytes(name: str) -> bool:
+    return name.endswith("_bytes") or name.startswith("bytes_") or name == "bytes"
+
+
 def _format_column(name: str, values: list[object], floatfmt: str | None,
                    fraction: bool = False) -> tuple[list[str], bool]:
     """Cells of one column and whether it is numeric (right-aligned). Percent columns
-    (`*_pct`, or fractions when `fraction`) read 62.5%, integral columns print without
-    decimals and with thousands separators, other numbers with one number of decimals per
-    column (4 significant digits of its largest value), so that decimal points line up,
-    unless that would show a non-zero value as 0: then 4 significant digits each."""
+    (`*_pct`, or fractions when `fraction`) read 62.5%, byte columns (`*_bytes`) 41.0 MiB,
+    integral columns print without decimals and with thousands separators, other numbers
+    with one number of decimals per column (4 significant digits of its largest value),
+    so that decimal points line up, unless that would show a non-zero value as 0: then 4
+    significant digits each. Never scientific notation; a missing value is empty. Text
+    cells that start with a number (a value with its unit or band) are right-aligned too."""
     nums = [v for v in values if _is_number(v) and v == v]
-    numeric = bool(nums) and all(_is_number(v) or v is None or v == "" or v != v for v in values)
-    integral = numeric and all(float(v).is_integer() for v in nums)
+    texts = [v for v in values if isinstance(v, str) and v]
+    numeric = (bool(nums) and all(_is_number(v) or v is None or v == "" or v != v for v in values)) or \
+        (bool(texts) and not nums and all(_NUMERIC_TEXT.match(t) for t in texts))
+    integral = bool(nums) and all(float(v).is_integer() for v in nums)
     largest = max((abs(float(v)) for v in nums if v not in (float("inf"), float("-inf"))), default=0.0)
     decimals = min(6, max(0, 3 - math.floor(math.log10(largest)))) if largest > 0 else 2
     smallest = min((abs(float(v)) for v in nums if v != 0), default=largest)
@@ -198,43 +221,93 @@ def _format_column(name: str, values: list[object], floatfmt: str | None,
             cells.append(f"{100 * float(v):.1f}%")
         elif pct:
             cells.append(f"{float(v):.1f}%")
+        elif _is_bytes(name):
+            cells.append(format_bytes(v))
         elif integral:
             cells.append(f"{int(v):,}")
         elif floatfmt is not None:
             cells.append(floatfmt.format(v))
         elif significant:
-            cells.append(f"{float(v):.4g}")
+            cells.append(plain_number(v))
         else:
             cells.append(f"{float(v):,.{decimals}f}")
     return cells, numeric
 
 
+_NUMERIC_TEXT = re.compile(r"^([-+]?[\d.,]+|–|\[)")
+
+#: --wide: every column of every table, whatever the terminal's width
+_WIDE: contextvars.ContextVar[bool] = contextvars.ContextVar("wide_tables", default=False)
+
+
+def wide_option(f: Callable) -> Callable:
+    """--wide on a command that prints tables: all columns, not only those that fit."""
+    def remember(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+        if value:
+            _WIDE.set(True)
+    return click.option("--wide", is_flag=True, expose_value=False, callback=remember,
+                        help="print every column of the tables (by default they fit the terminal's width)")(f)
+
+
+def table_width() -> int | None:
+    """The width tables must fit: $COLUMNS, else the terminal's; None (no limit) with
+    --wide or when stdout is not a terminal (a pipe or a file gets every column)."""
+    if _WIDE.get():
+        return None
+    env = os.environ.get("COLUMNS", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    if sys.stdout.isatty():
+        return shutil.get_terminal_size((120, 24)).columns
+    return None
+
+
 def format_table(rows: list[dict], columns: list[str] | None = None, floatfmt: str | None = None,
-                 fractions: Iterable[str] = ()) -> list[str]:
+                 fractions: Iterable[str] = (), width: int | None = None) -> list[str]:
     """Lines of a plain aligned text table: text left-aligned, numbers right-aligned;
-    the `fractions` columns (0..1) shown as percentages."""
+    the `fractions` columns (0..1) shown as percentages. With a `width`, the columns that
+    do not fit are left out from the right (the first two always stay) and a last line
+    names them."""
     if not rows:
         return ["(nothing)"]
-    cols = columns or list(rows[0])
+    cols = list(columns or list(rows[0]))
     frac = set(fractions)
     formatted = [_format_column(c, [r.get(c) for r in rows], floatfmt, c in frac) for c in cols]
     widths = [max(len(escape_text(str(c))), *(len(x) for x in cells)) for c, (cells, _) in zip(cols, formatted)]
+    shown = len(cols)
+    if width is not None:
+        while shown > 2 and sum(widths[:shown]) + 2 * (shown - 1) > width:
+            shown -= 1
 
     def line(cells: list[str]) -> str:
         return "  ".join(cell.rjust(w) if numeric else cell.ljust(w)
-                         for cell, w, (_, numeric) in zip(cells, widths, formatted)).rstrip()
+                         for cell, w, (_, numeric) in zip(cells[:shown], widths, formatted)).rstrip()
 
-    out = [line([escape_text(str(c)) for c in cols]), "  ".join("-" * w for w in widths)]
+    out = [line([escape_text(str(c)) for c in cols]), "  ".join("-" * w for w in widths[:shown])]
     for i in range(len(rows)):
         out.append(line([cells[i] for cells, _ in formatted]))
+    if shown < len(cols):
+        out.append(f"({len(cols) - shown} more column(s) not shown to fit {width} characters: "
+                   f"{', '.join(cols[shown:])}; --wide shows every column)")
     return out
 
 
 def print_rows(rows: list[dict], columns: list[str] | None = None, floatfmt: str | None = None,
                fractions: Iterable[str] = ()) -> None:
-    """Print a plain aligned text table (see format_table)."""
-    for ln in format_table(rows, columns, floatfmt, fractions):
+    """Print a plain aligned text table (see format_table) that fits the terminal (table_width)."""
+    for ln in format_table(rows, columns, floatfmt, fractions, width=table_width()):
         click.echo(ln)
+
+
+def print_answer(a: Any, title: str = "the answer") -> None:
+    """The answer (analysis.answer.Answer) as `run` and `predict` end with it: which variant
+    per GPU and dataset, its speedups with their bands, what limits it, and how sure."""
+    click.echo(f"\n{title}: {a.summary()}")
+    if a.empty:
+        return
+    print_rows(a.display_rows())
+    for line in (a.how(), *a.notes):
+        click.echo(line)
 
 
 # ---------------------------------------------------------------- progress
@@ -381,29 +454,83 @@ class Count(click.ParamType):
 COUNT = Count()
 
 
-def workload_options(f: Callable) -> Callable:
-    """The workload in the field's vocabulary (FBGEMM-style reusable option bundle)."""
-    opts = [
-        click.option("--T", "T", type=COUNT, default=None, help="embedding tables [12]"),
-        click.option("--E", "E", type=COUNT, default=None, help="rows per table [500000]"),
-        click.option("--D", "D", type=COUNT, default=None, help="embedding dimension [128]"),
-        click.option("--B", "B", type=COUNT, default=None, help="batch size (bags per table) [2048]"),
-        click.option("--L", "L", default=None, help="pooling factor: N, uniform:LO:HI or poisson:MEAN [150]"),
-        click.option("--mode", type=click.Choice(["sum", "mean"]), default=None, help="pooling mode [sum]"),
-        click.option("--batches", type=COUNT, default=None, help="batches per generated trace [8]"),
-        click.option("--seed", type=int, default=None, help="seed of generated data [0]"),
-    ]
-    for o in reversed(opts):
-        f = o(f)
-    return f
+def workload_options(f: Callable | None = None, *, pooling: tuple[str, ...] = ("--mode", "--pooling")) -> Callable:
+    """The workload in the field's vocabulary (FBGEMM-style reusable option bundle).
+    `pooling`: the flags of the pooling mode (predict keeps --mode for its L2 mode)."""
+    def bundle(f: Callable) -> Callable:
+        opts = [
+            click.option("--T", "T", type=COUNT, default=None, help="embedding tables [12]"),
+            click.option("--E", "E", type=COUNT, default=None, help="rows per table [500000]"),
+            click.option("--D", "D", type=COUNT, default=None, help="embedding dimension [128]"),
+            click.option("--B", "B", type=COUNT, default=None, help="batch size (bags per table) [2048]"),
+            click.option("--L", "L", default=None, help="pooling factor: N, uniform:LO:HI or poisson:MEAN [150]"),
+            click.option(*pooling, "pooling", type=click.Choice(["sum", "mean"]), default=None,
+                         help="pooling mode [sum]"),
+            click.option("--batches", type=COUNT, default=None, help="batches per generated trace [8]"),
+            click.option("--seed", type=int, default=None, help="seed of generated data [0]"),
+        ]
+        for o in reversed(opts):
+            f = o(f)
+        return f
+    return bundle(f) if f is not None else bundle
 
 
 def workload_from(base: Any = None, **kw: Any) -> Any:
     from characterize.config import WorkloadConfig
 
     base = base or WorkloadConfig()
+    kw = {("mode" if k == "pooling" else k): v for k, v in kw.items()}   # the option is named for the field
     changes = {k: v for k, v in kw.items() if k in ("T", "E", "D", "B", "L", "mode", "batches", "seed") and v is not None}
     return base.replace(**changes).validate() if changes else base.validate()
+
+
+def trace_options(f: Callable | None = None, *, pooling: tuple[str, ...] = ("--mode", "--pooling")) -> Callable:
+    """--trace FILE and the workload in the field's vocabulary: the experiment on your own
+    trace, T, E and its bags read from the file, the rest given here (or asked for)."""
+    def bundle(f: Callable) -> Callable:
+        f = workload_options(f, pooling=pooling)
+        return click.option("--trace", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                            help="your own trace file (.txt, .npy, .npz, .pt; see `characterize workload --help`): "
+                                 "the experiment on it alone, with T, E and the bags read from the file and D (and a "
+                                 "flat stream's T) given with --D/--T or asked for")(f)
+    return bundle(f) if f is not None else bundle
+
+
+def experiment_with(experiment: str, trace: Path | None, say: Callable[[str], None], interactive: bool,
+                    **wl: Any) -> Any:
+    """The experiment a command runs: `experiment` as it is, or with the workload options
+    given (--T, --D, ...), or with --trace the experiment on that file alone
+    (pipeline.trace_experiment), each inference said once through `say`; on a terminal a
+    value the file cannot tell is asked for, elsewhere it is refused in one line."""
+    import dataclasses
+
+    from characterize.errors import MissingInput
+    from characterize.pipeline import check_experiment, load_experiment, trace_experiment
+
+    given = {("mode" if k == "pooling" else k): v for k, v in wl.items() if v is not None}
+    if trace is None:
+        exp = load_experiment(experiment)
+        if given:
+            exp = check_experiment(dataclasses.replace(exp, workload=workload_from(exp.workload, **given)))
+        return exp
+    while True:
+        try:
+            made = trace_experiment(trace, experiment, **given)
+            break
+        except MissingInput as e:
+            if not interactive or not e.names:
+                raise
+            for name in e.names:
+                given[name] = click.prompt(f"{trace.name}: {name} (the file does not say)", type=click.IntRange(min=1),
+                                           err=True)
+    for note in made.notes:
+        say(f"trace {note}")
+    return made.experiment
+
+
+def asks(as_json: bool = False) -> bool:
+    """Whether a missing value may be asked for: a person at a terminal, not --json."""
+    return not as_json and sys.stdin.isatty() and sys.stderr.isatty()
 
 
 def csv_list(value: str | None) -> list[str] | None:

@@ -8,7 +8,7 @@ import time
 import click
 
 from characterize.analysis.model.e2e import BACKWARDS, OPTIMIZERS
-from characterize.cli.base import TerminalReporter, csv_list, echo, echo_err, main, print_rows
+from characterize.cli.base import TerminalReporter, csv_list, echo, echo_err, main, print_rows, wide_option
 
 #: keys of every object `e2e --json` prints (more follow where they apply)
 E2E_KEYS = ("variant", "dataset", "phase", "stage", "time_us", "time_us_low", "time_us_high", "source")
@@ -27,6 +27,7 @@ E2E_KEYS = ("variant", "dataset", "phase", "stage", "time_us", "time_us_low", "t
 @click.option("--optimizer", type=click.Choice(OPTIMIZERS), default="sgd", show_default=True)
 @click.option("--dispatch-us", type=float, default=None, help="host dispatch per operator, µs [8]")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@wide_option
 def e2e(experiment: str, variants: str | None, archs: str | None, bottom: str | None, top: str, backward: str,
         optimizer: str, dispatch_us: float | None, as_json: bool) -> None:
     """The DLRM step (bottom MLP, embedding stage, interaction, top MLP; training adds

@@ -9,7 +9,19 @@ from typing import Any, Callable
 
 import click
 
-from characterize.cli.base import TerminalReporter, csv_list, echo, echo_err, main, print_rows
+from characterize.cli.base import (
+    TerminalReporter,
+    asks,
+    csv_list,
+    echo,
+    echo_err,
+    experiment_with,
+    main,
+    print_answer,
+    print_rows,
+    trace_options,
+    wide_option,
+)
 from characterize.errors import ConfigError
 
 
@@ -56,6 +68,21 @@ def _slurm(partition: str | None, gpus_per_task: int | None, time_min: int | Non
     return {"partition": partition, "gpus_per_task": gpus_per_task, "time_min": time_min}
 
 
+def names_first(experiment: str, variants: str | None = None, datasets: str | None = None) -> Any:
+    """The experiment with the --variants and --datasets subsets, every name checked before
+    anything else (no GPU, ncu or Slurm is looked for before a typo is reported)."""
+    import dataclasses
+
+    from characterize.pipeline import check_names, load_experiment
+
+    exp = load_experiment(experiment)
+    if variants:
+        exp = dataclasses.replace(exp, variants=tuple(csv_list(variants)))
+    if datasets:
+        exp = dataclasses.replace(exp, datasets=tuple(csv_list(datasets)))
+    return check_names(exp)
+
+
 def _prepare(experiment: str, out: Path | None, stage: str, resume: bool, backend: str,
              variants: str | None = None, datasets: str | None = None, executor: str = "local",
              slurm: dict[str, Any] | None = None, remeasure: bool = False, **overrides: Any):
@@ -64,17 +91,14 @@ def _prepare(experiment: str, out: Path | None, stage: str, resume: bool, backen
 
     from characterize.hardware.devices import require_gpu
     from characterize.measure.executor import require_slurm, with_slurm_options
-    from characterize.pipeline import load_experiment, open_experiment_run
+    from characterize.pipeline import open_experiment_run
 
+    exp = names_first(experiment, variants, datasets)
     if executor == "slurm":
         require_slurm()
-    exp = with_slurm_options(load_experiment(experiment), **(slurm or {}))
+    exp = with_slurm_options(exp, **(slurm or {}))
     if overrides:
         exp = dataclasses.replace(exp, **overrides)
-    if variants:
-        exp = dataclasses.replace(exp, variants=tuple(csv_list(variants)))
-    if datasets:
-        exp = dataclasses.replace(exp, datasets=tuple(csv_list(datasets)))
     info = require_gpu() if backend == "cuda" and executor == "local" else None
     return exp, open_experiment_run(exp, out, stage, resume, info, backend, executor, remeasure)
 
@@ -88,6 +112,7 @@ def _prepare(experiment: str, out: Path | None, stage: str, resume: bool, backen
 @click.option("--backend", type=click.Choice(["cuda", "emulate"]), default="cuda", show_default=True,
               help="emulate times the CPU emulation: checks the harness, not GPU performance")
 @executor_options
+@wide_option
 def bench(experiment: str, variants: str | None, datasets: str | None, out: Path | None, resume: bool,
           remeasure: bool, modes: str | None, timeout: float | None, backend: str, executor: str,
           slurm_partition: str | None, slurm_gpus_per_task: int | None, slurm_time: int | None) -> None:
@@ -157,6 +182,7 @@ def profile(experiment: str, variants: str | None, datasets: str | None, out: Pa
     from characterize.pipeline import follow_points, load_experiment, measurable
 
     # through Slurm, --ncu names ncu as the nodes see it; without it, ncu must be found here too
+    names_first(experiment, variants, datasets)   # a typo is reported before ncu or a GPU is looked for
     ncu = ncu_path if executor == "slurm" and ncu_path else str(find_ncu(ncu_path))
     backend = os.environ.get("CHARACTERIZE_BACKEND", "cuda")
     base = load_experiment(experiment).profile
@@ -191,22 +217,33 @@ def profile(experiment: str, variants: str | None, datasets: str | None, out: Pa
 @click.option("--backend", type=click.Choice(["cuda", "emulate"]), default="cuda", show_default=True,
               help="emulate also times the CPU emulation without a GPU: checks the harness, not GPU performance")
 @executor_options
+@trace_options
+@wide_option
 def run_cmd(experiment: str, out: Path | None, resume: bool, remeasure: bool, ncu_path: str | None, backend: str,
-            executor: str, slurm_partition: str | None, slurm_gpus_per_task: int | None,
-            slurm_time: int | None) -> None:
+            executor: str, slurm_partition: str | None, slurm_gpus_per_task: int | None, slurm_time: int | None,
+            trace: Path | None, **wl: Any) -> None:
     """The main job: build, characterize, measure (with a GPU) and summarize an experiment
-    (a shipped experiment name, e.g. paper or quick, or a TOML file)."""
+    (a shipped experiment name, e.g. paper or quick, or a TOML file), or the experiment on
+    your own trace (--trace FILE). Ends with the answer: the best variant per dataset and
+    GPU, by how much, and how sure."""
+    from characterize.analysis.answer import answer_run
     from characterize.measure.executor import with_slurm_options
-    from characterize.pipeline import load_experiment, run_experiment
+    from characterize.pipeline import run_experiment
+    from characterize.store import load_run
 
-    exp = with_slurm_options(load_experiment(experiment), slurm_partition, slurm_gpus_per_task, slurm_time)
+    exp = with_slurm_options(experiment_with(experiment, trace, echo_err, asks(), **wl), slurm_partition,
+                             slurm_gpus_per_task, slurm_time)
     start = time.perf_counter()
     echo_err(f"experiment {exp.name}: {exp.description}")
     with TerminalReporter() as reporter:
-        outcome = run_experiment(exp, out, resume=resume, progress=reporter, ncu=ncu_path, backend=backend,
-                                 executor=executor, remeasure=remeasure)
-    from characterize.store import load_run
+        def early_answer(step: str, path: Path) -> None:
+            """The answer as soon as the predictions exist (measurements, if any, come later)."""
+            if step == "predict":
+                a = answer_run(load_run(path))
+                reporter.message(f"predicted answer ({time.perf_counter() - start:.0f} s): {a.summary()}")
 
+        outcome = run_experiment(exp, out, resume=resume, progress=reporter, ncu=ncu_path, backend=backend,
+                                 executor=executor, remeasure=remeasure, after_step=early_answer)
     r = load_run(outcome.path)
     if not r.static.empty:
         echo("\nstatic characterization (lookup kernels as configured):")
@@ -224,7 +261,8 @@ def run_cmd(experiment: str, out: Path | None, resume: bool, remeasure: bool, nc
         print_rows(r.locality.to_dict("records"), ["dataset", "lookups", "unique_rows", *cov, "reuse_p50",
                                                    "reuse_p90"], fractions=cov)
     echo("\nsteps: " + "; ".join(f"{k}: {v.splitlines()[0]}" for k, v in outcome.steps.items()))
-    echo(f"run directory: {outcome.path}")
+    print_answer(answer_run(r))
+    echo(f"\nrun directory: {outcome.path}")
     if outcome.report:
         echo(f"report: {outcome.report}")
     echo_err(f"finished in {time.perf_counter() - start:.1f} s")

@@ -6,16 +6,18 @@ import dataclasses
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 
-from characterize.cli.base import echo, main
+from characterize.cli.base import echo, main, trace_options, wide_option
 from characterize.errors import ConfigError
 
 #: keys of every object `predict --json` prints
-PREDICT_KEYS = ("variant", "dtype", "dataset", "arch", "gpu", "l2_hit_rate_pct", "dram_bytes", "time_us", "time_us_low",
-                "time_us_high", "speedup_vs_base",
-                "bound", "constants")
+PREDICT_KEYS = ("variant", "dtype", "dataset", "arch", "gpu", "mode", "kernel_source", "tables_per_launch",
+                "l2_hit_rate_pct", "dram_bytes", "time_us", "time_us_low", "time_us_high", "batch_us", "floor_us",
+                "speedup_vs_base", "speedup_vs_torch", "speedup_vs_fbgemm", "bound", "constants", "validated_n",
+                "validated_gmae_pct")
 #: keys `predict --json` adds for host-resident tables (null on the other variants' rows)
 HOST_KEYS = ("cache_ratio", "cache_rows", "cache_hit_rate_pct", "host_bytes", "host_link", "dedup_us", "transfer_us",
              "lookup_us")
@@ -52,35 +54,62 @@ def parse_ratios(text: str) -> list[float]:
 @click.option("--dtypes", default=None,
               help="also predict these precisions (fp32,fp16,bf16,int8,int8h; 'all') beside the workload's dtype "
                    "[the experiment's dtypes]")
+@click.option("--mode", "mode", type=click.Choice(["steady", "cold", "both"]), default="steady", show_default=True,
+              help="steady: tables in turn, as in production; cold: L2 flushed before each launch, as a benchmark "
+                   "that flushes it (triton's do_bench) measures")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-def predict(experiment: str, archs: str | None, cache_ratio: str | None, dtypes: str | None, as_json: bool) -> None:
-    """Model predictions for an experiment (a shipped experiment name or a TOML file): kernel
-    time per table launch, speedup over base, L2 hit rate and DRAM traffic, without a GPU;
-    for host-resident tables (cache, uvm) the hit rate, host bytes and the time split."""
+@trace_options(pooling=("--pooling",))
+@wide_option
+def predict(experiment: str, archs: str | None, cache_ratio: str | None, dtypes: str | None, mode: str,
+            as_json: bool, trace: Path | None, **wl: Any) -> None:
+    """Model predictions for an experiment (a shipped experiment name or a TOML file), or for
+    your own trace (--trace FILE): kernel time per launch with its band, speedups over base,
+    PyTorch's and FBGEMM's kernels, L2 hit rate and DRAM traffic, without a GPU; every
+    row says how the model did on public measurements; for host-resident tables (cache,
+    uvm) the hit rate, host bytes and the time split. Ends with the answer: the best
+    variant per dataset and GPU."""
+    from characterize.analysis.answer import answer, band_text, predicted_speedups
     from characterize.analysis.model.predict import precision_grid
-    from characterize.cli.base import TerminalReporter, csv_list, echo_err, print_rows
+    from characterize.cli.base import (
+        TerminalReporter,
+        asks,
+        csv_list,
+        echo_err,
+        experiment_with,
+        print_answer,
+        print_rows,
+    )
     from characterize.config import DTYPES
     from characterize.kernels.registry import HOST_VARIANTS
-    from characterize.pipeline import load_experiment, predict
+    from characterize.pipeline import predict
 
     ratios = parse_ratios(cache_ratio) if cache_ratio is not None else None
-    exp = load_experiment(experiment)
+    exp = experiment_with(experiment, trace, lambda m: None if as_json else echo_err(m), asks(as_json), **wl)
     if dtypes is not None:
         exp = dataclasses.replace(exp, dtypes=tuple(DTYPES) if dtypes == "all" else tuple(csv_list(dtypes))).validate()
     start = time.perf_counter()
     with TerminalReporter(indent="", quiet=as_json) as reporter:
-        df = predict(exp, csv_list(archs), progress=reporter, cache_ratios=ratios)
+        df = predict(exp, csv_list(archs), progress=reporter, cache_ratios=ratios,
+                     mode=["steady", "cold"] if mode == "both" else mode)
     host = df["variant"].isin(HOST_VARIANTS)
     if as_json:
         keys = list(PREDICT_KEYS) + (list(HOST_KEYS) if host.any() else [])
         rows = df[keys].astype(object).where(df[keys].notna(), None).to_dict("records")
         echo(json.dumps(rows, indent=2))
         return
-    view = df.assign(dram_MB=df["dram_bytes"] / 1e6)
-    print_rows(view.to_dict("records"), ["variant", "dtype", "dataset", "arch", "gpu", "time_us", "speedup_vs_base",
-                                         "bound",
-                                         "l1_hit_rate_pct", "l2_hit_rate_pct", "dram_MB", "resident_warps",
-                                         "loads_in_flight", "constants"])
+    sp = predicted_speedups(df)
+    view = df.assign(band_us=[f"{lo:,.1f}-{hi:,.1f}" if lo == lo and hi == hi else "" for lo, hi in
+                              zip(df["time_us_low"], df["time_us_high"])],
+                     speedup_vs_base=[band_text(x, lo, hi) for x, lo, hi in zip(sp["speedup"], sp["speedup_low"],
+                                                                        sp["speedup_high"])])
+    view = view.assign(tables=view["tables_per_launch"], vs_torch=view["speedup_vs_torch"],
+                       vs_fbgemm=view["speedup_vs_fbgemm"])
+    print_rows(view.to_dict("records"), ["variant", "dtype", "dataset", "gpu", *(["mode"] if mode == "both" else []),
+                                         "time_us", "band_us", "tables", "speedup_vs_base", "vs_torch", "vs_fbgemm",
+                                         "bound", "l1_hit_rate_pct", "l2_hit_rate_pct", "dram_bytes",
+                                         "resident_warps", "loads_in_flight", "arch", "constants"])
+    echo("\ntime_us: one launch, covering `tables` tables; speedups compare whole batches of every table "
+         "(torch: PyTorch 2.13's kernel, fbgemm: FBGEMM 1.8's TBE, each read from its own SASS)")
     grid = precision_grid(df)
     if not grid.empty:
         echo("\nprecision x variant: predicted speedup over fp32 base (geometric mean over datasets):")
@@ -92,16 +121,17 @@ def predict(experiment: str, archs: str | None, cache_ratio: str | None, dtypes:
         echo("\nhost-resident tables (per table launch; cache_hit_rate_pct: of a batch's unique rows; "
                    "uvm: GPU memory as a cache of 64 KiB pages; pct_of_all_gpu: base's time / this time):")
         row_bytes = h["dtype"].map(lambda dt: exp.workload.replace(dtype=dt).row_bytes)
-        sweep = h.assign(cache_pct=100 * h["cache_ratio"], host_MB=h["host_bytes"] / 1e6,
-                         cache_MiB=h["cache_rows"] * row_bytes / 2**20, pct_of_all_gpu=100 * h["speedup_vs_base"])
-        print_rows(sweep.to_dict("records"), ["variant", "dtype", "dataset", "gpu", "cache_pct", "cache_MiB",
-                                              "cache_hit_rate_pct", "host_MB", "host_link", "dedup_us", "transfer_us",
-                                              "lookup_us", "time_us", "pct_of_all_gpu"])
+        sweep = h.assign(cache_pct=100 * h["cache_ratio"], cache_bytes=h["cache_rows"] * row_bytes,
+                         share_of_all_gpu_pct=100 * h["speedup_vs_base"])
+        print_rows(sweep.to_dict("records"), ["variant", "dtype", "dataset", "gpu", "cache_pct", "cache_bytes",
+                                              "cache_hit_rate_pct", "host_bytes", "host_link", "dedup_us",
+                                              "transfer_us", "lookup_us", "time_us", "share_of_all_gpu_pct"])
     notes = sorted(set(df["note"]) - {""})
     for n in notes:
         echo(f"note: {n}")
     used = ", ".join(f"{g}: {c}" for g, c in df.groupby("gpu")["constants"].first().items())
     echo(f"\nconstants: {used} (`characterize calibrate RUN_DIR` fits them to a measured run)")
+    print_answer(answer(df, dtype=exp.workload.dtype))
     echo_err(f"predicted {len(df)} points in {time.perf_counter() - start:.1f} s")
 
 
@@ -109,6 +139,7 @@ def predict(experiment: str, archs: str | None, cache_ratio: str | None, dtypes:
 @click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--gpu", default=None, help="GPU the run was measured on [the run's meta.json]")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@wide_option
 def calibrate(run_dir: Path, gpu: str | None, as_json: bool) -> None:
     """Fit the model's constants to a measured run and store them for its GPU; later
     predictions for that GPU use them."""

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import click
 
-from characterize.cli.base import TerminalReporter, echo, echo_err, main, print_rows
+from characterize.cli.base import TerminalReporter, echo, echo_err, main, plain_number, print_rows, wide_option
+from characterize.units import format_bytes
 
 
 # -------------------------------------------------------------------- import
@@ -72,7 +73,31 @@ def report(sources: tuple[Path, ...], output: Path, title: str | None, no_compar
 
 
 # ------------------------------------------------------------------- compare
-_KERNEL_COLS = ("variant", "dataset", "a_kernel", "b_kernel", "match", "metric", "a", "b", "delta", "delta_pct")
+_KERNEL_COLS = ("variant", "dataset", "a_kernel", "b_kernel", "match", "metric", "a", "b", "delta", "change")
+
+
+def metric_cells(metric: str, a: float, b: float, delta: float, rel: float) -> tuple[str, str, str, str]:
+    """a, b, b - a and the relative change of one metric, in its unit: a percentage moves by
+    percentage points (25.1% -> 33.5%: +8.4 pp, +33.6%), bytes in binary units, durations
+    in us; never scientific notation, nothing for a missing value."""
+    def num(v: float, unit: str = "", sign: bool = False) -> str:
+        if v != v:
+            return ""
+        plus = "+" if sign and v > 0 else ""
+        if unit == "B":
+            return plus + format_bytes(v)
+        if unit in ("%", " pp"):
+            return f"{plus}{v:.1f}{unit}"
+        return plus + (f"{int(v):,}" if float(v).is_integer() else plain_number(v)) + unit
+
+    change = "" if rel != rel else f"{rel:+.1f}%"
+    if metric.endswith("_pct"):
+        return num(a, "%"), num(b, "%"), num(delta, " pp", True), change
+    if metric.endswith("_bytes") or "_bytes_" in metric:
+        return num(a, "B"), num(b, "B"), num(delta, "B", True), change
+    if metric.endswith("_ns"):
+        return num(a / 1e3, " us"), num(b / 1e3, " us"), num(delta / 1e3, " us", True), change
+    return num(a), num(b), num(delta, "", True), change
 
 
 def _section(title: str, frame, columns=None, top: int | None = None) -> None:  # noqa: ANN001 - a DataFrame
@@ -97,6 +122,7 @@ def _section(title: str, frame, columns=None, top: int | None = None) -> None:  
               help="pair kernel A of the first with kernel B of the second (function names, demangled names or "
                    "#IDs; repeatable)")
 @click.option("--json", "as_json", is_flag=True)
+@wide_option
 def compare(a: Path, b: Path, top: int, metric_filter: str | None, pairs: tuple[str, ...], as_json: bool) -> None:
     """Compare two runs or reports as the report does: kernels matched by base name and
     launch order (--pair for the rest) with deltas; between two runs also timings with
@@ -117,8 +143,10 @@ def compare(a: Path, b: Path, top: int, metric_filter: str | None, pairs: tuple[
     if k is not None:
         kk = k.copy()
         if not kk.empty:
-            kk["delta_pct"] = kk["delta_pct"].map(lambda x: "" if x != x else f"{x:+.1f}%")
-        _section("Matched kernels (base name + launch order, --pair, similar names): b - a", kk, _KERNEL_COLS, top)
+            cells = [metric_cells(*r) for r in zip(kk["metric"], kk["a"], kk["b"], kk["delta"], kk["delta_pct"])]
+            kk["a"], kk["b"], kk["delta"], kk["change"] = (list(c) for c in zip(*cells))
+        _section("Matched kernels (base name + launch order, --pair, similar names): b - a; percentages change by "
+                 "percentage points (pp), change: relative", kk, _KERNEL_COLS, top)
         un = parts.get("unmatched_kernels")
         if un is not None and not un.empty:
             _section(f"{len(un)} kernel(s) present in only one of them (not compared; pair them with --pair A=B):",

@@ -16,6 +16,7 @@ from characterize.cli.base import (
     echo_err,
     main,
     print_rows,
+    wide_option,
 )
 from characterize.config import DEFAULT_ARCHS, parse_param_overrides
 
@@ -41,6 +42,7 @@ def _counts(counts: dict[Any, int], suffix: str = "") -> str:
 @click.option("--kernel", "kernel", default=".", show_default=True, metavar="REGEX",
               help="with --binary: the functions whose demangled name matches this regular expression")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@wide_option
 def sass(archs: str, variants: str | None, D: int, params: tuple[str, ...], dtype: str, training: bool,
          binary: str | None, kernel: str, as_json: bool) -> None:
     """Disassemble each variant's hot loop: loads by kind and width, spills, shuffles,

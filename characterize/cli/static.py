@@ -16,6 +16,7 @@ from characterize.cli.base import (
     echo_err,
     main,
     print_rows,
+    wide_option,
     workload_from,
     workload_options,
 )
@@ -58,6 +59,7 @@ def devices(as_json: bool) -> None:
 @click.option("--dtype", default="fp32", show_default=True,
               help="table element type: fp32, fp16, bf16, int8 (fp32 scale/bias) or int8h (fp16 scale/bias)")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@wide_option
 def build(archs: str, variants: str | None, caps: str | None, D: int, params: tuple[str, ...], dtype: str,
           as_json: bool) -> None:
     """Compile every variant per architecture; registers, spills and theoretical occupancy."""
@@ -110,6 +112,7 @@ def build(archs: str, variants: str | None, caps: str | None, D: int, params: tu
                    "[every built-in variant]")
 @workload_options
 @click.option("--json", "as_json", is_flag=True)
+@wide_option
 def check(variants: str | None, datasets: str, backend: str, paper_shape: bool, params: tuple[str, ...],
           dtypes: str | None, experiment: str | None, as_json: bool, **wl: Any) -> None:
     """Check every variant against torch.nn.functional.embedding_bag."""
@@ -125,7 +128,7 @@ def check(variants: str | None, datasets: str, backend: str, paper_shape: bool, 
     base = WorkloadConfig(batches=1) if paper_shape else WorkloadConfig.tiny()
     config = workload_from(base, **wl)
     chosen = default_backend() if backend == "auto" else backend
-    modes = [config.mode] if wl.get("mode") else ["sum", "mean"]
+    modes = [config.mode] if wl.get("pooling") else ["sum", "mean"]
     if not as_json:
         echo_err(f"checking on backend {chosen} (B={config.B} D={config.D} E={config.E} L={config.L}) ...")
     results = check_variants(csv_list(variants), csv_list(datasets) or [], config, modes, chosen,

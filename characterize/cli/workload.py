@@ -15,21 +15,33 @@ from characterize.cli.base import (
     echo_err,
     main,
     print_rows,
+    wide_option,
     workload_from,
     workload_options,
 )
 from characterize.hardware.specs import REFERENCE_ARCH
 from characterize.workloads.locality import PAPER_HOT_ROWS
+from characterize.workloads.shape import FORMATS
 
 
 # ------------------------------------------------------------------ workload
-@main.group()
+@main.group(help="""Generate index traces and measure their locality.
+
+\b
+Trace files read (by `workload stats`, `predict --trace`, `run --trace` and experiments' datasets):
+""" + "\n".join(f"  {f}" for f in FORMATS) + """
+
+\b
+Bag boundaries: a file with offsets or lengths keeps its own bags in predict and bench alike;
+a flat stream is cut into bags of L lookups, read circularly, the same way for both.
+Negative or out-of-range indices are refused with the file, table and position.""")
 def workload() -> None:
     """Generate index traces and measure their locality."""
 
 
 @workload.command("presets")
 @click.option("--json", "as_json", is_flag=True)
+@wide_option
 def workload_presets(as_json: bool) -> None:
     """The hotness presets and their definitions."""
     from characterize.workloads.presets import PRESETS
@@ -86,7 +98,7 @@ def workload_stats(source: str, E: int | None, top_k: tuple[int, ...], gpu: str,
         out = stats.to_json() | {"source": source, "table": table, "view": res.view,
                                  "file_lookups": res.file_lookups, "tables_in_file": res.tables_in_file,
                                  "l2_rows": {spec.name: l2_rows}, "seconds": elapsed}
-        echo(json.dumps(out, indent=2))
+        echo(json.dumps(_no_nan(out), indent=2))
         return
     if res.view == "file":
         part = "" if stats.lookups == res.file_lookups else f"the first {stats.lookups:,} of "
@@ -103,12 +115,22 @@ def workload_stats(source: str, E: int | None, top_k: tuple[int, ...], gpu: str,
     for k, v in stats.top_k_coverage.items():
         note = f"  (rows fitting the {spec.name} L2)" if k == l2_rows else ""
         echo(f"  top-{k:<8,} coverage {v:.1%}{note}")
-    q = "  ".join(f"{k}={v:,.0f}" for k, v in stats.reuse_distance_quantiles.items())
-    echo(f"  reuse distance     {q}  (distinct rows between re-reads)")
+    q = "  ".join(f"{k}={v:,.0f}" for k, v in stats.reuse_distance_quantiles.items() if v == v)
+    echo(f"  reuse distance     {q}  (distinct rows between re-reads)" if q else
+               "  reuse distance     none: no row is read twice, so there is no reuse to measure")
     echo(f"  first reads        {stats.cold_fraction:.1%} of lookups")
     if res.view == "file" and source_is_file(source):
         echo_err("the file as it is; --as-consumed shows what the bench reads of it (batches x B x L, circularly)")
     echo_err(f"analyzed in {elapsed:.2f} s")
+
+
+def _no_nan(obj: Any) -> Any:
+    """JSON without NaN (not JSON at all): a statistic that does not exist is null."""
+    if isinstance(obj, dict):
+        return {k: _no_nan(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_no_nan(v) for v in obj]
+    return None if isinstance(obj, float) and obj != obj else obj
 
 
 def source_is_file(source: str) -> bool:

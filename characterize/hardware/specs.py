@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from characterize.errors import ConfigError
+from characterize.errors import ConfigError, did_you_mean
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -319,10 +319,11 @@ def normalize_arch(text: str) -> str:
     t = text.strip().lower()
     m = re.fullmatch(r"(?:sm_?|compute_)?(\d{1,2}?)\.?(\d)", t)
     if not m:
-        raise ConfigError(f"unknown architecture {text!r}: use one of {', '.join(ARCHS)}")
+        raise ConfigError(f"unknown architecture {text!r}: use one of {', '.join(ARCHS)}." + did_you_mean(t, list(ARCHS)))
     arch = f"sm_{m.group(1)}{m.group(2)}"
     if arch not in ARCHS:
-        raise ConfigError(f"architecture {arch} is not in the spec table; known: {', '.join(ARCHS)}")
+        raise ConfigError(f"architecture {arch} is not in the spec table; known: {', '.join(ARCHS)}."
+                          + did_you_mean(arch, list(ARCHS)))
     return arch
 
 
@@ -382,7 +383,9 @@ def gpu_spec(name: str) -> GpuSpec:
         if re.search(pattern, t):
             return GPUS[key]
     known = sorted(set(GPUS) | {a for s in GPUS.values() for a in s.aliases})
-    raise ConfigError(f"unknown GPU {name!r}; known: {', '.join(known)}")
+    # a typo of an ambiguous name is pointed at it: its own refusal then lists the products it names
+    raise ConfigError(f"unknown GPU {name!r}; known: {', '.join(known)}." + did_you_mean(t, [*known, *ARCHS,
+                                                                                            *AMBIGUOUS]))
 
 
 def parse_archs(text: str) -> list[str]:
@@ -396,3 +399,23 @@ def parse_archs(text: str) -> list[str]:
     if not out:
         raise ConfigError("no architecture given")
     return out
+
+
+def markdown_table(measured: dict[str, str] | None = None) -> str:
+    """The README's supported-GPU table, one row per entry of GPUS (a GPU added to the
+    table appears when the README is regenerated; a test keeps the two in step):
+    architecture, SMs, L2 and its persisting share, memory, DRAM peak, host link, and
+    whether a measured run of it is committed (`measured`: GPU key -> run directory);
+    every other number about it is the model's prediction until one is."""
+    measured = measured or {}
+    lines = ["| GPU | `--arch` | SM | SMs | L2 (persisting) | memory | DRAM peak | host link | measured here |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    default = {v: k for k, v in DEFAULT_GPU.items()}
+    for key, g in GPUS.items():
+        names = [f"`{key}`"] + [f"`{a}`" for a in g.aliases]
+        arch = g.arch + (" (default)" if default.get(key) == g.arch else "")
+        where = f"yes: `{measured[key]}`" if key in measured else "no: predicted only"
+        lines.append(f"| {g.name} | {', '.join(names)} | {arch} | {g.sm_count} | {g.l2_bytes / MiB:g} MiB "
+                     f"({g.max_persisting_l2_bytes / MiB:g} MiB) | {g.memory_bytes / GiB:.0f} GiB | "
+                     f"{g.hbm_GBps:,.0f} GB/s | {g.host_link} | {where} |")
+    return "\n".join(lines)

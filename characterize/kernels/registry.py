@@ -14,6 +14,7 @@ from characterize.config import DTYPES, UserKernel, dtype_spec
 from characterize.errors import (
     ConfigError,
     UnsupportedShape,
+    did_you_mean,
 )
 from characterize.kernels.build import SOURCE, TBE_SOURCE, BuildSpec
 
@@ -325,7 +326,7 @@ def get_variant(name: str) -> Variant:
         return VARIANTS[name]
     except KeyError:
         public = ", ".join(built_in())
-        raise ConfigError(f"unknown variant {name!r}; known: {public}") from None
+        raise ConfigError(f"unknown variant {name!r}; known: {public}." + did_you_mean(name, built_in())) from None
 
 
 def tbe_vectors_per_lane(D: int) -> int:

@@ -10,6 +10,7 @@ stay light.
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -18,7 +19,7 @@ from functools import lru_cache
 from typing import Any, Iterable
 
 from characterize.config import DEFAULT_ARCHS
-from characterize.errors import BuildError, ConfigError, ToolchainNotFound
+from characterize.errors import BuildError, ConfigError, ToolchainNotFound, UnsupportedShape
 from characterize.hardware.specs import ARCHS, normalize_arch
 from characterize.kernels.build import BuildResult, BuildSpec, build_many
 from characterize.kernels.occupancy import register_steps, theoretical_occupancy
@@ -85,6 +86,66 @@ def _loop_spills(result: BuildResult, kernel: str) -> int | None:
     return sum(1 for i in loop.path if i.opcode in ("LDL", "STL")) if loop is not None else None
 
 
+def _device(spec: BuildSpec) -> BuildSpec:
+    """The build static characterization and SASS analysis read: the device code alone
+    (the ptxas report and the SASS are those of the library; nvcc skips the host side)."""
+    return dataclasses.replace(spec, output="cubin")
+
+
+def _cap_candidates(arch: str, uncapped_registers: int) -> list[int]:
+    """The caps worth trying for a kernel of `uncapped_registers` on `arch`: each that puts
+    more 256-thread blocks on an SM than the kernel uncapped, from the fewest blocks up."""
+    spec = ARCHS[arch]
+    block = VARIANTS["base"].block_size
+    start = theoretical_occupancy(spec, block, uncapped_registers).blocks_per_sm
+    return [regs for regs, blocks in register_steps(spec, block) if blocks > start and regs >= spec.min_maxrregcount]
+
+
+def prebuild(variants: Iterable[str], archs: Iterable[str], dtypes: Iterable[str], sweep_caps: Iterable[int] = (),
+             params: dict[str, dict[str, Any]] | None = None, D: int = 128) -> int:
+    """Build, on every core at once, each library the static characterization and the SASS
+    analysis of `variants` will read for every architecture and dtype: first every uncapped
+    build, the caps given in `params` and the register sweep (`sweep_caps`, for the first
+    dtype), then every register cap the default-cap choice will try, and disassemble those.
+    Without it the builds come one or two at a time, as each variant asks for them.
+    Returns how many builds were asked for (cached ones cost nothing)."""
+    archs = [normalize_arch(a) for a in archs]
+    dtypes = list(dict.fromkeys(dtypes))
+    chosen = [get_variant(n) for n in variants]
+    params = params or {}
+    first = {_device(BuildSpec("cuda", a, None, dt)) for a in archs for dt in dtypes}
+    first |= {_device(BuildSpec("cuda", a, int(c), dtypes[0])) for a in archs for c in sweep_caps} if dtypes else set()
+    for v in chosen:
+        if v.compiled and v.capped and "maxrregcount" in (params.get(v.name) or {}):
+            first |= {_device(v.build_spec("cuda", a, v.resolve_params(params.get(v.name)), dt))
+                      for a in archs for dt in dtypes}
+    built = build_many(first)
+    second: set[BuildSpec] = set()
+    for v in chosen:
+        if not (v.compiled and v.capped) or "maxrregcount" in (params.get(v.name) or {}):
+            continue
+        for a in archs:
+            for dt in dtypes:
+                try:
+                    v.check_shape(D, dt)
+                except UnsupportedShape:
+                    continue
+                kernel = v.kernel_name(v.resolve_params(params.get(v.name)), 128, dt)
+                regs = built[_device(BuildSpec("cuda", a, None, dt))].resources(kernel).registers
+                caps = _cap_candidates(a, regs) or [regs]
+                second |= {_device(BuildSpec("cuda", a, c, dt)) for c in caps}
+    results = build_many(second - set(built))
+    try:
+        find_cuobjdump()
+    except ToolchainNotFound:
+        return len(first | second)
+    libraries = [r.library for r in results.values()]
+    if libraries:   # the cap choice reads each candidate's SASS (cuobjdump: ~1 s each)
+        with ThreadPoolExecutor(max(1, min(len(libraries), os.cpu_count() or 1))) as pool:
+            list(pool.map(kernels_in, libraries))
+    return len(first | second)
+
+
 @lru_cache(maxsize=None)
 def default_register_cap(arch: str, kernel: str = BASE_KERNEL, dtype: str = "fp32") -> int:
     """The register cap of a capped variant's lookup `kernel` on `arch`: among the caps
@@ -94,18 +155,15 @@ def default_register_cap(arch: str, kernel: str = BASE_KERNEL, dtype: str = "fp3
     cap helps. Chosen per kernel and dtype: a cap light for base can spill inside rpf's loop,
     and int8's dequantization needs registers fp32 does not."""
     arch = normalize_arch(arch)
-    spec = ARCHS[arch]
-    block = VARIANTS["base"].block_size
-    uncapped = build_many([BuildSpec("cuda", arch, None, dtype)])[BuildSpec("cuda", arch, None, dtype)].resources(kernel)
-    start = theoretical_occupancy(spec, block, uncapped.registers).blocks_per_sm
-    candidates = [regs for regs, blocks in register_steps(spec, block)
-                  if blocks > start and regs >= spec.min_maxrregcount]
+    spec = _device(BuildSpec("cuda", arch, None, dtype))
+    uncapped = build_many([spec])[spec].resources(kernel)
+    candidates = _cap_candidates(arch, uncapped.registers)
     if not candidates:
         return uncapped.registers
-    built = build_many([BuildSpec("cuda", arch, c, dtype) for c in candidates])
+    built = build_many([_device(BuildSpec("cuda", arch, c, dtype)) for c in candidates])
     best = uncapped.registers
     for cap in candidates:  # fewest blocks first: later entries reach higher occupancy
-        result = built[BuildSpec("cuda", arch, cap, dtype)]
+        result = built[_device(BuildSpec("cuda", arch, cap, dtype))]
         res = result.resources(kernel)
         if res.spill_stores + res.spill_loads <= LIGHT_SPILL_BYTES and not _loop_spills(result, kernel):
             best = cap
@@ -131,7 +189,8 @@ def static_characterization(variants: Iterable[str] | None = None, archs: Iterab
     their cap), plus one row per sweep cap for each variant's lookup kernel, for tables of `dtype`."""
     caps = sorted(set(check_caps(sweep_caps)))
     plans = plan_variants(variants, archs, D, params, dtype)
-    sweeps = [(p, BuildSpec("cuda", p.arch, c, dtype)) for p in plans if p.role == "lookup" and p.variant.honors_cap
+    sweeps = [(p, _device(BuildSpec("cuda", p.arch, c, dtype))) for p in plans
+              if p.role == "lookup" and p.variant.honors_cap
               for c in caps]
     results = build_many({p.spec for p in plans} | {spec for _, spec in sweeps})
     rows = []
@@ -171,7 +230,7 @@ def plan_variants(variants: Iterable[str] | None = None, archs: Iterable[str] = 
                 continue
             v.check_shape(D, dtype)
             p = resolve_params(v, params.get(v.name), arch, dtype=dtype)
-            spec = v.build_spec("cuda", arch, p, dtype)
+            spec = _device(v.build_spec("cuda", arch, p, dtype))
             plans.append(Plan(v, arch, spec, v.kernel_name(p, D, dtype), "lookup"))
             if v.l2 == "prefetch":
                 plans.append(Plan(v, arch, spec, "chz_l2_pin_kernel", "prepass"))

@@ -162,6 +162,51 @@ class Panel:
     provenance: tuple[str, ...] | Callable[[Any], tuple[str, ...]]
     how: str
     builder: Callable[[Any], PanelOutput]
+    applies: Callable[[Any], bool] | None = None   # None: always; False for a source: the panel is left out
+
+
+def never_measured(src: Any, need: str) -> bool:
+    """Whether `need` (bench or profile) is missing only because nothing was ever measured:
+    no points of that kind at all (none failed, nothing unreadable). Such panels are listed
+    once, in the report's "needs a GPU" box, instead of one missing box each."""
+    if need not in ("bench", "profile"):
+        return False
+    if isinstance(src, Pair):
+        return never_measured(src.a, need) or never_measured(src.b, need)
+    if not isinstance(src, RunSource):
+        return False
+    points = src.bench_points if need == "bench" else src.profile_points
+    return not points and not src.errors.get(need)
+
+
+def experiment_of(src: Any) -> dict:
+    """The experiment a run recorded in meta.json ({} for other sources)."""
+    return (src.meta.get("experiment") or {}) if isinstance(src, RunSource) else {}
+
+
+def asked_for(src: Any, variants: tuple[str, ...]) -> bool:
+    """Whether the run's experiment names any of `variants` (panels about them appear only then)."""
+    return bool(set(experiment_of(src).get("variants") or ()) & set(variants))
+
+
+PAPER_EXPERIMENT = "paper"
+
+
+def is_paper(src: Any) -> bool:
+    """Whether a run is the paper's configuration, the only one its published claims are about."""
+    exp = experiment_of(src)
+    wl = exp.get("workload") or {}
+    return exp.get("name") == PAPER_EXPERIMENT or (
+        (wl.get("T"), wl.get("E"), wl.get("D"), wl.get("B"), str(wl.get("L"))) == (12, 500000, 128, 2048, "150")
+        and wl.get("dtype", "fp32") == "fp32")
+
+
+def gpu_command(src: Any) -> str:
+    """The command that measures what a run lacks, on a machine with a GPU."""
+    exp = experiment_of(src).get("name") or "EXPERIMENT"
+    shipped = exp in ("paper", "quick", "selftest")
+    where = f" --out {src.run.path}" if isinstance(src, RunSource) else ""
+    return f"characterize run {exp if shipped else exp + '.toml'}{where} --resume"
 
 
 def _timing_prov(s: Any) -> tuple[str, ...]:

@@ -38,7 +38,7 @@ __all__ = [
     "prediction_figure", "predicted_vs_measured_figure",
     "kernel_duration_figure", "kernel_occupancy_figure", "kernel_stall_figure", "weighted_stall_figure",
     "sol_figure", "memory_chart_figure", "roofline_figure", "sass_figure",
-    "precision_grid_figure", "cache_hit_figure", "host_time_figure", "host_bytes_figure",
+    "precision_grid_figure", "cache_hit_figure", "host_time_figure", "host_bytes_figure", "why_figure",
 ]
 
 WIDTH_IN = 8.0   # every figure is this wide; heights follow the data
@@ -146,9 +146,11 @@ def _short(name: str, limit: int = 18) -> str:
 def grouped_bars(df: pd.DataFrame, *, group: str, series: str, value: str, err: str | None = None,
                  title: str = "", ylabel: str = "", ref: float | None = None, ref_label: str | None = None,
                  log: bool = False, groups: Sequence[str] | None = None, series_order: Sequence[str] | None = None,
-                 colors: Mapping[str, str] | None = None, ylim: tuple[float, float] | None = None) -> Figure:
+                 colors: Mapping[str, str] | None = None, ylim: tuple[float, float] | None = None,
+                 band: tuple[str, str] | None = None) -> Figure:
     """Bars of `value` for each `group` (x axis) and `series` (colours), with optional
-    error bars (`err`, symmetric) and a horizontal reference line."""
+    error bars (`err`, symmetric; or `band`, the columns of its low and high ends) and a
+    horizontal reference line."""
     groups = list(groups) if groups is not None else order_datasets(df[group])
     series_names = list(series_order) if series_order is not None else order_variants(df[series])
     n = max(1, len(series_names))
@@ -157,16 +159,22 @@ def grouped_bars(df: pd.DataFrame, *, group: str, series: str, value: str, err: 
     x = np.arange(len(groups))
     table = df.set_index([group, series])
     for i, s in enumerate(series_names):
-        vals, errs = [], []
+        vals, errs, below, above = [], [], [], []
         for g in groups:
             row = table.loc[(g, s)] if (g, s) in table.index else None
             if isinstance(row, pd.DataFrame):
                 row = row.iloc[0]
-            vals.append(float(row[value]) if row is not None and pd.notna(row[value]) else np.nan)
+            v = float(row[value]) if row is not None and pd.notna(row[value]) else np.nan
+            vals.append(v)
             errs.append(float(row[err]) if (err and row is not None and pd.notna(row[err])) else 0.0)
+            if band:
+                lo, hi = (float(row[c]) if row is not None and pd.notna(row[c]) else v for c in band)
+                below.append(max(0.0, v - lo) if np.isfinite(v) else 0.0)
+                above.append(max(0.0, hi - v) if np.isfinite(v) else 0.0)
         color = (colors or {}).get(s) or variant_color(s, series_names)
+        yerr = [below, above] if band else errs if err else None
         ax.bar(x - 0.4 + width * (i + 0.5), vals, width, label=_text(s, 24), color=color,
-               yerr=errs if err else None, capsize=2 if err else 0, error_kw={"elinewidth": 0.8})
+               yerr=yerr, capsize=2 if yerr is not None else 0, error_kw={"elinewidth": 0.8})
     if ref is not None and math.isfinite(ref):
         ax.axhline(ref, color="black", linewidth=1.0, linestyle="--", label=_text(ref_label, 50) if ref_label else None)
     ax.set_xticks(x, [_short(g) for g in groups])
@@ -436,10 +444,63 @@ def dram_figure(k: pd.DataFrame, title: str) -> Figure:
 
 # ---------------------------------------------------------------------- model
 def prediction_figure(pred: pd.DataFrame, gpu: str, title: str) -> Figure:
-    """Predicted speedup over base per variant x dataset for one GPU (model predictions)."""
+    """Predicted speedup over base per variant x dataset for one GPU (model predictions);
+    with the columns speedup, speedup_low and speedup_high (analysis.answer.predicted_speedups)
+    the bars carry the model's band as error bars."""
     d = pred[pred["gpu"] == gpu] if "gpu" in pred.columns else pred
+    if {"speedup", "speedup_low", "speedup_high"} <= set(d.columns):
+        d = d[d["variant"] != "base"]
+        return grouped_bars(d, group="dataset", series="variant", value="speedup", title=title,
+                            ylabel="predicted speedup over base (×)", ref=1.0, ref_label="base (1×)",
+                            band=("speedup_low", "speedup_high"))
     return grouped_bars(d, group="dataset", series="variant", value="speedup_vs_base", title=title,
                         ylabel="predicted speedup over base (×)", ref=1.0, ref_label="base (1×)")
+
+
+#: the model's time terms (predictions.csv columns) and how the "why" chart names and colours them
+WHY_TERMS = (("latency_us", "latency (memory waits)", "#d62728"), ("dram_us", "DRAM bandwidth", "#08519c"),
+             ("l2_us", "L2 bandwidth", "#6baed6"), ("l1_us", "L1 bandwidth", "#9edae5"),
+             ("issue_us", "instruction issue", "#2ca02c"))
+
+
+def why_figure(rows: pd.DataFrame, title: str) -> Figure:
+    """The model's "why" per variant for one GPU and dataset: each term the predicted time
+    is the largest of (latency, DRAM, L2, L1 bandwidth, issue, in µs per table launch),
+    the term that sets the time drawn solid and the others faint, with the predicted L1
+    and L2 hit rates beside each variant."""
+    terms = [t for t in WHY_TERMS if t[0] in rows.columns]
+    variants = order_variants(rows["variant"])
+    d = rows.drop_duplicates("variant").set_index("variant")
+    n = max(1, len(terms))
+    fig, ax = _figure(1.1 + 0.16 * n * len(variants))
+    step = n * 0.18 + 0.3
+    y0 = np.arange(len(variants))[::-1] * step
+    top = 0.0
+    for i, (col, label, color) in enumerate(terms):
+        vals = np.array([float(d.loc[v, col]) if v in d.index and pd.notna(d.loc[v, col]) else 0.0 for v in variants])
+        top = max(top, float(vals.max()) if len(vals) else 0.0)
+        binding = np.array([v in d.index and vals[j] > 0 and vals[j] >= max(
+            float(d.loc[v, c]) if pd.notna(d.loc[v, c]) else 0.0 for c, _, _ in terms) - 1e-9
+            for j, v in enumerate(variants)])
+        y = y0 + (n / 2 - i - 0.5) * 0.18
+        ax.barh(y[~binding], vals[~binding], 0.16, color=color, alpha=0.35,
+                label=None if binding.any() else label)
+        if binding.any():
+            ax.barh(y[binding], vals[binding], 0.16, color=color, edgecolor="black", linewidth=0.6, label=label)
+    for v, y in zip(variants, y0):
+        hits = []
+        for col, name in (("l1_hit_rate_pct", "L1"), ("l2_hit_rate_pct", "L2")):
+            if col in d.columns and v in d.index and pd.notna(d.loc[v, col]):
+                hits.append(f"{name} hit {float(d.loc[v, col]):.0f}%")
+        if hits:
+            ax.annotate(", ".join(hits), (top * 1.02, y), va="center", fontsize=FONT - 2, color="#333333")
+    ax.set_yticks(y0, [_text(v, 16) for v in variants])
+    ax.set_xlim(0, top * 1.32 if top > 0 else 1)
+    _style(ax, title, None, "predicted µs per table launch (the time is the largest term + launch overhead)")
+    ax.grid(axis="x", color="#dddddd", linewidth=0.6)
+    ax.grid(axis="y", visible=False)
+    _legend(ax, loc="upper left", bbox_to_anchor=(0, -0.14), ncols=3)
+    return fig
 
 
 def e2e_stage_figure(rows: pd.DataFrame, stages: Sequence[str], title: str) -> Figure:
@@ -483,6 +544,38 @@ def predicted_vs_measured_figure(df: pd.DataFrame, title: str, measured: str = "
         ax.set_xscale("log")
         ax.set_yscale("log")
     _style(ax, title, f"predicted ({unit})", f"measured ({unit})")
+    _legend(ax, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return fig
+
+
+def trust_figure(rows: pd.DataFrame, title: str) -> Figure:
+    """The model against public measurements it was not fitted to, log-log: each held-out
+    prediction with its band as an error bar, one marker colour per source; proxies (our
+    implementation standing in for a kernel no one can read) hollow and grey."""
+    fig, ax = _figure(4.4)
+    own = rows[~rows["proxy"].astype(str).str.lower().isin(("true", "1"))]
+    sources = list(dict.fromkeys(own["source"]))
+    palette = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf"]
+    for i, src in enumerate(sources):
+        d = own[own["source"] == src]
+        y = d["cv_predicted_us"].astype(float)
+        err = [y - d["band_low_us"].astype(float), d["band_high_us"].astype(float) - y]
+        ax.errorbar(d["measured_us"].astype(float), y, yerr=err, fmt="o", ms=4, capsize=2, lw=0.8,
+                    color=palette[i % len(palette)], label=_text(f"{src} ({len(d)})", 34), zorder=3)
+    proxies = rows[~rows.index.isin(own.index)]
+    if not proxies.empty:
+        ax.scatter(proxies["measured_us"].astype(float), proxies["cv_predicted_us"].astype(float), s=26,
+                   facecolors="none", edgecolors="#7f7f7f", label=f"proxies ({len(proxies)})", zorder=2)
+    vals = pd.concat([rows["measured_us"], rows["band_low_us"], rows["band_high_us"]]).astype(float)
+    vals = vals[np.isfinite(vals) & (vals > 0)]
+    if len(vals):
+        lo, hi = float(vals.min()) / 1.5, float(vals.max()) * 1.5
+        ax.plot([lo, hi], [lo, hi], color="black", linestyle="--", linewidth=0.8, label="prediction = measurement")
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(lo, hi)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+    _style(ax, title, "predicted, held out (µs)", "measured (µs)")
     _legend(ax, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return fig
 

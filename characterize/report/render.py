@@ -13,14 +13,14 @@ from typing import Any, Sequence
 import matplotlib
 
 from characterize import __version__
+from characterize.analysis.answer import ModelValidation
 from characterize.analysis.compare import check_pairs
 from characterize.errors import CharacterizeError, ReportError
 from characterize.files import check_output, write_atomic
-from characterize.report.blocks import Missing
-from characterize.report.layout import NEEDS, Panel
-from characterize.report.panels.compare import COMPARE_PANELS
-from characterize.report.panels.imports import IMPORT_PANELS
-from characterize.report.panels.run import RUN_PANELS
+from characterize.report.blocks import Cell, Missing, NoteBlock, TableBlock
+from characterize.report.headline import answer_boxes
+from characterize.report.layout import NEEDS, Panel, gpu_command, never_measured
+from characterize.report.panels.catalog import COMPARE_PANELS, IMPORT_PANELS, RUN_PANELS
 from characterize.report.provenance import PROVENANCE, Provenance
 from characterize.report.sources import Pair, RunSource, open_source
 
@@ -40,6 +40,9 @@ class RenderedPanel:
     error: str | None = None
     inherits: bool = False  # provenance and modes are the section's (said once there)
     same_missing: bool = False  # missing for the reason the panel above gave
+    needs_gpu: bool = False  # missing only because nothing was measured: listed in the "needs a GPU" box
+    section: str = ""
+    collapsed: str = ""  # the summary of a panel shown collapsed (the "needs a GPU" box)
 
 
 @dataclass
@@ -74,6 +77,7 @@ def _render_panel(panel: Panel, src: Any, strict: bool) -> RenderedPanel:
             if not need.present(src):
                 rp.missing = need.why_missing(src)
                 rp.missing_need = True
+                rp.needs_gpu = never_measured(src, name)
                 return rp
     except CharacterizeError as e:
         if strict:
@@ -98,13 +102,50 @@ def _render_panel(panel: Panel, src: Any, strict: bool) -> RenderedPanel:
 
 
 def _sections(panels: Sequence[Panel], src: Any, strict: bool) -> list[RenderedSection]:
+    """The source's sections: panels that do not apply to it left out, panels that only a
+    GPU run would fill gathered into one collapsed box (in the first section), sections
+    left without panels dropped."""
     out: dict[str, RenderedSection] = {}
+    folded: list[RenderedPanel] = []
     for p in panels:
+        if p.applies is not None and not _applies(p, src, strict):
+            continue
         sec = out.setdefault(p.section, RenderedSection(f"{src.slug}-sec-{_slug(p.section)}", p.section, []))
-        sec.panels.append(_render_panel(p, src, strict))
+        rp = _render_panel(p, src, strict)
+        rp.section = p.section
+        (folded if rp.needs_gpu else sec.panels).append(rp)
+    if folded:
+        first = next(iter(out.values()))
+        first.panels.insert(min(len(first.panels), 1), _gpu_box(folded, src))
     for sec in out.values():
         _hoist_provenance(sec)
-    return list(out.values())
+    return [sec for sec in out.values() if sec.panels]
+
+
+def _applies(panel: Panel, src: Any, strict: bool) -> bool:
+    try:
+        return bool(panel.applies(src))
+    except Exception:  # noqa: BLE001 - when it cannot be told, the panel is shown (and says what it lacks)
+        if strict:
+            raise
+        return True
+
+
+def _gpu_box(folded: list[RenderedPanel], src: Any) -> RenderedPanel:
+    """One collapsed box for every panel that only a GPU run fills: what each would show,
+    why it is empty, and the command that fills it."""
+    sections = list(dict.fromkeys(p.section.split(" (")[0].lower() for p in folded))
+    reasons = list(dict.fromkeys(p.missing for p in folded if p.missing))
+    rows = [[Cell(p.section), Cell(p.title), Cell(p.how)] for p in folded]
+    blocks: list[Any] = [
+        NoteBlock(f"Run on a machine with a GPU: `{gpu_command(src)}` (finished steps are kept). Why these are "
+                  "empty here: " + " ".join(reasons)),
+        TableBlock(["section", "panel", "what it would show"], rows)]
+    rp = RenderedPanel(f"{src.slug}-needs-gpu", f"Needs a GPU: {len(folded)} panels of measurements",
+                       "what a GPU run would add to this report", [], [PROVENANCE["meta"]], "", blocks)
+    rp.collapsed = (f"Needs a GPU: {len(folded)} more panels of measurements ({', '.join(sections)}); "
+                    f"`{gpu_command(src)}` on a GPU machine adds them")
+    return rp
 
 
 def _hoist_provenance(sec: RenderedSection) -> None:
@@ -112,8 +153,9 @@ def _hoist_provenance(sec: RenderedSection) -> None:
     shares them; a panel that differs keeps its own."""
     for prev, p in zip(sec.panels, sec.panels[1:]):
         p.same_missing = bool(p.missing and p.missing == prev.missing)
-    built = [p for p in sec.panels if not p.missing and not p.error] or \
-        [p for p in sec.panels if not p.error]  # a section with nothing measured still says its source once
+    shown = [p for p in sec.panels if not p.collapsed]
+    built = [p for p in shown if not p.missing and not p.error] or \
+        [p for p in shown if not p.error]  # a section with nothing measured still says its source once
     if not built:
         return
     keys = {(tuple(pv.key for pv in p.provenance), p.modes) for p in built}
@@ -134,7 +176,8 @@ RUN_ONLY_COMPARE = ("bench", "static", "predictions", "sass")
 
 
 def build_report(sources: Any, *, title: str | None = None, strict: bool = False,
-                 compare: bool = True, pairs: Sequence[str] = ()) -> dict[str, Any]:
+                 compare: bool = True, pairs: Sequence[str] = (),
+                 validation: ModelValidation | None = None) -> dict[str, Any]:
     """The template context of a report over `sources` (see render_report)."""
     items = list(sources) if isinstance(sources, (list, tuple)) else [sources]
     if not items:
@@ -149,17 +192,24 @@ def build_report(sources: Any, *, title: str | None = None, strict: bool = False
         panels = RUN_PANELS if src.kind == "run" else IMPORT_PANELS
         kind = "run" if src.kind == "run" else "Nsight Compute report"
         rendered.append(RenderedSource(src.slug, src.label, kind, _sections(panels, src, strict)))
-    comparisons = []
+    comparisons, pair_list = [], []
     for i, other in enumerate(srcs[1:] if compare else [], 1):
         pair = Pair(srcs[0], other, i, tuple(pairs))
+        pair_list.append(pair)
         both_runs = src_is_run(pair.a) and src_is_run(pair.b)
         panels = [p for p in COMPARE_PANELS if p.id not in RUN_ONLY_COMPARE or both_runs]
         comparisons.append(RenderedSource(pair.slug, pair.label, "comparison", _sections(panels, pair, strict)))
     used = sorted({p.key for r in rendered + comparisons for sec in r.sections for pn in sec.panels
                    for p in pn.provenance}, key=list(PROVENANCE).index)
+    try:
+        answers = answer_boxes(srcs, validation, pair_list)
+    except Exception:  # noqa: BLE001 - the page without its first box beats no page
+        if strict:
+            raise
+        answers = []
     return {
         "title": title or "characterize report: " + ", ".join(s.label for s in srcs),
-        "sources": rendered, "comparisons": comparisons, "provenance": [PROVENANCE[k] for k in used],
+        "answers": answers, "sources": rendered, "comparisons": comparisons, "provenance": [PROVENANCE[k] for k in used],
         "version": __version__, "matplotlib": matplotlib.__version__, "css": (TEMPLATES / "report.css").read_text(),
     }
 
@@ -187,17 +237,17 @@ def _environment():
 
 
 def report_html(sources: Any, *, title: str | None = None, strict: bool = False, compare: bool = True,
-                pairs: Sequence[str] = ()) -> str:
+                pairs: Sequence[str] = (), validation: ModelValidation | None = None) -> str:
     """The report as an HTML string (for notebooks: IPython.display.HTML(report_html(run)))."""
     import markupsafe
 
-    ctx = build_report(sources, title=title, strict=strict, compare=compare, pairs=pairs)
+    ctx = build_report(sources, title=title, strict=strict, compare=compare, pairs=pairs, validation=validation)
     ctx["css"] = markupsafe.Markup(ctx["css"])  # our own stylesheet, never data
     return _environment().get_template("report.html").render(**ctx)
 
 
 def render_report(sources: Any, output: str | Path, *, title: str | None = None, strict: bool = False,
-                  compare: bool = True, pairs: Sequence[str] = ()) -> Path:
+                  compare: bool = True, pairs: Sequence[str] = (), validation: ModelValidation | None = None) -> Path:
     """Render one self-contained HTML report and return its path.
 
     sources: run directories or Run objects (full characterization report each) and
@@ -205,15 +255,16 @@ def render_report(sources: Any, output: str | Path, *, title: str | None = None,
     may be given bare. With two or more sources, each later one is also compared
     with the first (unmatched points and kernels are listed) unless compare=False;
     pairs: kernels to pair by hand in comparisons ("A=B": function names, demangled
-    names or #IDs). strict=True raises the first error of a panel builder instead of
-    showing it.
+    names or #IDs). validation: the model's error on measurements it was not fitted to,
+    stated in the first box (None: said to be not yet validated). strict=True raises the
+    first error of a panel builder instead of showing it.
     """
     out = Path(output)
     if out.is_dir():
         out = out / "report.html"
     check_output(out, _inputs(sources))   # before any work: never over a device, a FIFO or an input
-    write_atomic(out, report_html(sources, title=title, strict=strict, compare=compare, pairs=pairs),
-                 _inputs(sources))
+    write_atomic(out, report_html(sources, title=title, strict=strict, compare=compare, pairs=pairs,
+                                  validation=validation), _inputs(sources))
     return out
 
 

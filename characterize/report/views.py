@@ -99,3 +99,10 @@ def stall_blocks(k: pd.DataFrame, title: str) -> list[Any]:
     return blocks
 
 
+
+
+def prediction_gpus(s: Any, p: pd.DataFrame) -> list[str]:
+    """GPUs of the predictions `p`, the run's own first (model and host panels)."""
+    gpus = list(dict.fromkeys(p["gpu"].astype(str))) if "gpu" in p.columns else [""]
+    mine = s.gpu.get("key")
+    return sorted(gpus, key=lambda g: (g != mine, gpus.index(g)))

@@ -4,9 +4,11 @@ exact reuse distances), independent of any kernel.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -84,11 +86,44 @@ def stats_bytes(lookups: int) -> int:
 REUSE_CHUNK = 1 << 21
 
 
+_REUSE: ContextVar[dict | None] = ContextVar("shared_reuse", default=None)
+
+
+@contextmanager
+def shared_reuse() -> Iterator[None]:
+    """Within the block, `reuse_distances` of one array object is computed once (a run's
+    locality step and the model read the same table of the same shared dataset); the
+    result is read-only. Reentrant."""
+    if _REUSE.get() is not None:
+        yield
+        return
+    token = _REUSE.set({})
+    try:
+        yield
+    finally:
+        _REUSE.reset(token)
+
+
 def reuse_distances(indices: np.ndarray, progress: Callable[[int, int], None] | None = None) -> np.ndarray:
     """For each lookup, the number of distinct other rows read since the previous read of
     the same row (-1 on a first read). An LRU cache of C rows hits iff distance < C.
     O(N log N) with a Fenwick tree over 'last use' markers; `progress(done, total)` is
     called after each chunk of REUSE_CHUNK lookups (big traces take seconds)."""
+    memo = _REUSE.get()
+    if memo is not None and isinstance(indices, np.ndarray):
+        hit = memo.get(id(indices))
+        if hit is not None and hit[0] is indices:   # the same array object, kept alive by the memo
+            if progress is not None:
+                progress(indices.size, indices.size)
+            return hit[1]
+        out = _reuse_distances(indices, progress)
+        out.flags.writeable = False
+        memo[id(indices)] = (indices, out)
+        return out
+    return _reuse_distances(indices, progress)
+
+
+def _reuse_distances(indices: np.ndarray, progress: Callable[[int, int], None] | None = None) -> np.ndarray:
     idx = np.asarray(indices)
     if idx.ndim != 1:
         raise WorkloadError(f"reuse distances need a flat stream of lookups, got an array of shape {idx.shape}")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from characterize.errors import ConfigError
+from characterize.errors import ConfigError, did_you_mean
 
 
 # ---------------------------------------------------------------- hotness model
@@ -79,7 +79,8 @@ def parse_dataset(spec: str) -> Hotness | Path:
     path = Path(text.removeprefix("file:"))
     if text.startswith("file:") or path.suffix or path.exists():
         return path
-    raise ConfigError(f"unknown dataset {spec!r}: use a preset ({', '.join(PRESETS)}), zipf:ALPHA or a trace file")
+    raise ConfigError(f"unknown dataset {spec!r}: use a preset ({', '.join(PRESETS)}), zipf:ALPHA or a trace file."
+                      + did_you_mean(text, list(PRESETS)))
 
 
 def _rng(seed: int, table: int, name: str) -> np.random.Generator:

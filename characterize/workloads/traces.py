@@ -14,6 +14,7 @@ import stat
 import warnings
 import zipfile
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
@@ -627,8 +628,39 @@ def read_table(path: str | Path, table: int = 0, rows: int | None = None, lookup
     return FileTable(scan.head, rows if rows is not None else scan.largest + 1, scan.length, len(streams))
 
 
+_SHARED: ContextVar[dict | None] = ContextVar("shared_datasets", default=None)
+
+
+@contextmanager
+def shared_datasets() -> Iterator[None]:
+    """Within the block, `load_dataset` returns one Dataset per (dataset, what generating or
+    reading it depends on, tables): a run's locality, model (every precision) and end-to-end
+    steps read each trace once. Callers treat the datasets as read-only. Reentrant."""
+    if _SHARED.get() is not None:
+        yield
+        return
+    token = _SHARED.set({})
+    try:
+        yield
+    finally:
+        _SHARED.reset(token)
+
+
 def load_dataset(spec: str, config: WorkloadConfig, tables: Iterable[int] | None = None) -> Dataset:
-    """A preset/zipf dataset generated for `config`, or a trace file read for it."""
+    """A preset/zipf dataset generated for `config`, or a trace file read for it (one per
+    run inside `shared_datasets`: the dtype, D and pooling mode do not change the trace)."""
+    cache = _SHARED.get()
+    which = None if tables is None else tuple(tables)
+    key = (spec, config.T, config.E, config.B, config.L, config.batches, config.seed, which)
+    if cache is not None and key in cache:
+        return cache[key]
+    ds = _load_dataset(spec, config, which)
+    if cache is not None:
+        cache[key] = ds
+    return ds
+
+
+def _load_dataset(spec: str, config: WorkloadConfig, tables: Iterable[int] | None = None) -> Dataset:
     parsed = parse_dataset(spec)
     if isinstance(parsed, Hotness):
         return generate(parsed, config, tables)

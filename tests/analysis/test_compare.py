@@ -189,8 +189,13 @@ def test_compare_command_pairs_by_hand(ncu_fixtures):
     from characterize.cli import main
 
     a, b = ncu_fixtures / "a100_mistic_msdnew.ncu-rep", ncu_fixtures / "a100_mistic_msdkt23.ncu-rep"
-    r = CliRunner().invoke(main, ["compare", str(a), str(b)])
+    r = CliRunner().invoke(main, ["compare", str(a), str(b)], env={"COLUMNS": "250"})
     assert r.exit_code == 0 and "similar name + launch order" in r.output and "#0 nodeByPoint5 (1 of 4)" in r.output
+    # a percentage moves by percentage points, bytes in binary units, never scientific notation
+    sm = next(ln for ln in r.output.splitlines() if "sm_throughput_pct" in ln).split()
+    assert sm[-4:] == ["33.5%", "+8.4", "pp", "+33.6%"] and sm[-5] == "25.1%"
+    dram = next(ln for ln in r.output.splitlines() if "dram_bytes_read" in ln)
+    assert "2.8 TiB" in dram and "9.9 GiB" in dram and "e+" not in r.output
     r = CliRunner().invoke(main, ["compare", str(a), str(b), "--pair", "nodeByPoint=#2", "--json"])
     data = json.loads(r.output)
     assert {x["b_kernel"] for x in data["kernels"]} == {"#2 nodeByPoint5 (3 of 4)"}

@@ -214,9 +214,23 @@ def test_tables_handle_text_bools_blanks_and_nothing():
     assert lines[2].split() == ["True"] and lines[3].split() == ["False", "y"]
     big = format_table([{"t": 12345.678}, {"t": 2500.25}])
     assert _cells(big) == [["12,346"], ["2,500"]]
-    # an error beside a failure is not rounded to 0.000
+    # an error beside a failure is not rounded to 0.000, nor written in scientific notation
     err = format_table([{"max_abs_err": 3.869}, {"max_abs_err": 2.708e-06}, {"max_abs_err": 0.0}])
-    assert _cells(err) == [["3.869"], ["2.708e-06"], ["0"]]
+    assert _cells(err) == [["3.869"], ["0.000002708"], ["0"]]
+    huge = format_table([{"delta": -6.995e9 + 0.5}, {"delta": 1.5}])
+    assert "e+" not in "".join(huge) and _cells(huge)[0] == ["-6,995,000,000"]
+
+
+def test_tables_write_bytes_in_binary_units_and_fit_the_terminal():
+    rows = [{"variant": "base", "dataset": "medium", "dram_bytes": 43e6, "time_us": 12.5, "note": "x" * 40},
+            {"variant": "warp", "dataset": "low", "dram_bytes": 512.0, "time_us": 8.25, "note": ""}]
+    full = format_table(rows)
+    assert _cells(full)[0][:4] == ["base", "medium", "41.0", "MiB"] and "512 B" in full[3]
+    fit = format_table(rows, width=40)
+    assert all(len(ln) <= 40 for ln in fit[:-1])
+    assert fit[0].split() == ["variant", "dataset", "dram_bytes", "time_us"]
+    assert fit[-1] == "(1 more column(s) not shown to fit 40 characters: note; --wide shows every column)"
+    assert format_table(rows, width=5)[0].split() == ["variant", "dataset"]   # the first two always stay
 
 
 # ------------------------------------------------------------ pipeline steps

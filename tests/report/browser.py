@@ -228,6 +228,12 @@ CHECK_PAGE = """
     kernelCells: [...document.querySelectorAll('td.kname')].map(td => td.textContent),
     strayElements: document.querySelectorAll('k, float, long, script, iframe, object, embed').length,
     title: document.title,
+    viewport: {width: window.innerWidth, height: window.innerHeight},
+    answers: [...document.querySelectorAll('section.answer')].map(e => {
+      const b = e.getBoundingClientRect();
+      return {id: e.id, top: b.top + window.scrollY, bottom: b.bottom + window.scrollY, text: e.innerText};
+    }),
+    pageHeight: document.documentElement.scrollHeight,
   };
 })()
 """

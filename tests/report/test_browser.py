@@ -10,6 +10,7 @@ screenshot of the page is saved under tests/artifacts/ (git-ignored).
 
 from __future__ import annotations
 
+import base64
 import shutil
 from pathlib import Path
 
@@ -88,6 +89,10 @@ def _check_page(chromium: str, html: Path, tmp: Path, shots: str) -> dict:
                                              f"{panel['id']}.png")
             page["shots"][panel["id"]] = out
         page["problems"] = browser.problems()
+        shot = browser.send("Page.captureScreenshot", {"format": "png"}, session=session)["data"]
+        first = ARTIFACTS / "panels" / shots / "first-screen.png"
+        first.parent.mkdir(parents=True, exist_ok=True)
+        first.write_bytes(base64.b64decode(shot))
     finally:
         browser.close()
     assert page["problems"] == []
@@ -97,6 +102,13 @@ def _check_page(chromium: str, html: Path, tmp: Path, shots: str) -> dict:
         assert f["variance"] > 50 and 0.001 < f["dark"] < 0.9, f  # drawn on, not blank
     assert not [p["id"] for p in page["panels"] if p["error"]]
     return page
+
+
+def assert_answer_in_first_screen(page: dict, text: str) -> None:
+    """The answer is the first box, whole within the first screen, and says `text`."""
+    first = page["answers"][0]
+    assert first["top"] < 200 and first["bottom"] <= page["viewport"]["height"], (first, page["viewport"])
+    assert text in first["text"], first["text"][:300]
 
 
 def _panel(page: dict, pid: str) -> dict:
@@ -129,6 +141,7 @@ def test_every_fixture_report_shows_every_new_panel(chromium, ncu_fixtures, name
         _shown(page, f"s1-{pid}", figures=0 if pid in ("kernels", "rules") else 1)
     assert "The kernel that matters is" in page["text"]
     assert "finding(s) x" in page["text"]  # the ranked rule x kernel matrix
+    assert_answer_in_first_screen(page, "The kernel that matters is")
 
 
 @pytest.mark.slow
@@ -152,6 +165,9 @@ def test_no_gpu_runs_and_their_comparison(chromium, tmp_path):
     pred.to_csv(b / "predictions.csv", index=False)
     html = render_report([a, b], tmp_path / "runs.html", strict=True)
     page = _check_page(chromium, html, tmp_path, "no-gpu-runs")
+    assert_answer_in_first_screen(page, "a100-80gb: use warp")
+    assert "PREDICTED by the model" in page["answers"][0]["text"] and "not yet validated" in page["answers"][0]["text"]
+    print(f"\nno-GPU report of two runs: {page['pageHeight']} px tall")
     for pid in ("headline", "static", "predictions"):
         _shown(page, f"s1-{pid}", figures=0)
     for pid in ("locality", "sweep", "sass"):
@@ -159,7 +175,9 @@ def test_no_gpu_runs_and_their_comparison(chromium, tmp_path):
     for pid in ("static", "sass", "predictions"):
         _shown(page, f"c1-{pid}", figures=0)
     text = page["text"]
-    assert "PREDICTED speedup over base" in text and "MODEL'S PREDICTIONS, not measurements" in text
+    # the headline draws the predictions with their bands; their table is one click away
+    assert "Predicted speedup (a100-80gb)" in text and "MODEL'S PREDICTIONS, not measurements" in text
+    assert "PREDICTED speedup over base" in html.read_text()
     assert "rows in flight (SASS)" in text and "model assumes" in text
     assert "spill_loads" in text and "rpf" in text
 
@@ -174,4 +192,5 @@ def test_gpu_run_new_panels_in_chromium(chromium, tmp_path):
     page = _check_page(chromium, html, tmp_path, "gpu-run")
     for pid in ("sol", "roofline", "memory", "stalls", "occupancy", "sass", "headline"):
         _shown(page, f"s1-{pid}", figures=0 if pid == "headline" else 1)
+    assert_answer_in_first_screen(page, "MEASURED with CUDA events")
     _shown(page, "s1-rules", figures=0)

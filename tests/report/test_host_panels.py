@@ -5,6 +5,7 @@ and a run without such rows says why the panel is empty."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pandas as pd
@@ -53,10 +54,32 @@ def test_host_and_precision_panels_draw_the_predictions(tmp_path):
     assert "PCIe 4.0 x16" in panel_html(html, "s1-host-bytes")
 
 
-def test_a_run_without_host_rows_or_precisions_says_why(tmp_path):
+def run_asking(tmp: Path, predictions: pd.DataFrame, variants=("base",), dtypes=()) -> Path:
+    """A run whose experiment names `variants` and `dtypes`, holding `predictions`."""
+    exp = load_experiment(str(write_experiment(tmp, datasets=("medium", "low"), variants=variants)))
+    exp = dataclasses.replace(exp, dtypes=tuple(dtypes))
+    path = tmp / "asking"
+    run = RunDir.create(path, run_meta(exp, path, None))
+    run.write("predictions", predictions)
+    return path
+
+
+def test_panels_the_experiment_did_not_ask_for_are_left_out(tmp_path):
+    """Host-resident panels only when the experiment names cache or uvm (or the predictions
+    hold their rows), the precision grid only when it lists precisions."""
     only = predictions(dtypes=("fp32",))
     out = render_report([run_with(tmp_path, only[~only["variant"].isin(["cache", "uvm"])])], tmp_path / "r.html")
     html = out.read_text()
+    for panel in HOST_PANELS:
+        assert f'id="{panel}"' not in html, panel
+    assert not is_missing(html, "s1-predictions")
+
+
+def test_a_run_without_host_rows_or_precisions_says_why(tmp_path):
+    only = predictions(dtypes=("fp32",))
+    path = run_asking(tmp_path, only[~only["variant"].isin(["cache", "uvm"])], variants=("base", "cache"),
+                      dtypes=("fp16",))
+    html = render_report([path], tmp_path / "r.html").read_text()
     assert is_missing(html, "s1-precision") and "one precision" in reason(html, "s1-precision")
     assert is_missing(html, "s1-cache-ratio") and "no cache rows" in reason(html, "s1-cache-ratio")
     assert is_missing(html, "s1-host-time") and "cache or uvm" in reason(html, "s1-host-time")

@@ -5,7 +5,7 @@ where the GPU's identity came from."""
 from __future__ import annotations
 
 from characterize.report.blocks import Cell
-from characterize.report.panels.run import _methodology_rows
+from characterize.report.panels.overview import _methodology_rows
 from characterize.report.sources import RunSource
 from characterize.store import RunDir, load_run
 from tests.report.test_report import _summary, make_gpu_run

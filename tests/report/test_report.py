@@ -19,19 +19,19 @@ import shutil
 import subprocess
 import sys
 import time
+from html import escape as html_escape
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
+from characterize.analysis.answer import ModelValidation, answer_run
 from characterize.errors import ReportError, ToolchainNotFound
 from characterize.extract.ncu_csv import read_csv
 from characterize.pipeline import load_experiment, locality_step, run_meta, static_step
 from characterize.report import render as rpt
 from characterize.report.layout import NEEDS, Panel
-from characterize.report.panels.compare import COMPARE_PANELS
-from characterize.report.panels.imports import IMPORT_PANELS
-from characterize.report.panels.run import RUN_PANELS
+from characterize.report.panels.catalog import COMPARE_PANELS, IMPORT_PANELS, RUN_PANELS
 from characterize.report.provenance import PROVENANCE
 from characterize.report.render import render_report, report_html
 from characterize.store import RunDir, load_run
@@ -258,12 +258,13 @@ def test_gpu_run_renders_every_section_with_provenance(gpu_html):
     assert "CUDA events (GPU)" in with_section(html, "s1-latency")
     assert "static analysis" in with_section(html, "s1-static") and "trace analysis" in with_section(html, "s1-locality")
     preds = panel_html(html, "s1-predictions")
-    assert "model prediction" in preds and "PREDICTED speedup over base on a100-80gb" in preds and "+103%" in preds
+    assert "model prediction" in preds and "PREDICTED speedup over base on a100-80gb" in preds
+    assert "+103%" not in preds   # the paper's claims are about the paper's configuration only
     assert "CPU emulation" not in with_section(html, "s1-latency")
     assert "steady mode: L2 warm" in html and "cold mode: L2 flushed" in html and "not locked" in html
     # headline beside the paper's claims
     head = panel_html(html, "s1-headline")
-    assert "up to +53%" in head and "up to +103%" in head and "1.82×" in head  # combined = 1 / 0.55
+    assert "up to +53%" not in head and "up to +103%" not in head and "1.82×" in head  # combined = 1 / 0.55
     assert "pre-pass included" in panel_html(html, "s1-prepass")
     bw = panel_html(html, "s1-bandwidth")
     assert "HBM peak" in bw and "2,039" in bw
@@ -335,10 +336,16 @@ def test_static_and_locality_only_run_says_why_the_rest_is_missing(tmp_path):
                            "profile": "skipped: no CUDA GPU on this machine"})
     html = report_html([path], strict=True)
     assert not is_missing(html, "s1-locality")
-    for pid in ("headline", "latency", "speedup", "bandwidth", "prepass"):
-        assert is_missing(html, f"s1-{pid}") and "no CUDA GPU on this machine" in reason(html, f"s1-{pid}")
-    for pid in ("occupancy", "stalls", "memory", "kernels", "rules"):
-        assert is_missing(html, f"s1-{pid}") and "profile step was skipped" in reason(html, f"s1-{pid}")
+    assert is_missing(html, "s1-headline") and "no CUDA GPU on this machine" in reason(html, "s1-headline")
+    # what only a GPU run fills is one collapsed box naming each panel, why it is empty and the command
+    box = html[html.index('id="s1-needs-gpu"'):]
+    box = box[:box.index("</details>")]
+    assert "Needs a GPU: 11 more panels" in box and "characterize run nogpu.toml --out" in box and "--resume" in box
+    for pid in ("latency", "speedup", "bandwidth", "prepass", "occupancy", "stalls", "memory", "kernels", "rules"):
+        assert f'id="s1-{pid}"' not in html, pid
+    for title in ("Latency per variant and dataset", "Warp stalls weighted by time", "Nsight Compute rule findings"):
+        assert title in box, title
+    assert "no CUDA GPU on this machine" in box and "profile step was skipped" in box
     assert "static step was skipped: no nvcc" in panel_html(html, "s1-static")
     assert "no predictions.csv" in panel_html(html, "s1-predictions")
     assert "No failed points." in panel_html(html, "s1-failures")
@@ -567,6 +574,33 @@ def test_sass_panel_sets_the_hot_loop_beside_the_model(no_gpu_run, tmp_path):
     assert is_missing(html, "s1-sass") and "no sass.csv in the run directory" in panel_html(html, "s1-sass")
 
 
+def test_the_answer_is_the_first_box(no_gpu_run):
+    """Above everything else: per dataset and GPU what to use, by how much (with the band),
+    what limits it, the whole step, and how the number was obtained; the same rows as
+    analysis.answer gives the terminal and the notebook."""
+    html = report_html([no_gpu_run], strict=True)
+    start = html.index('<section class="answer')
+    assert start < html.index("Where the numbers come from") < html.index('<div class="panel')
+    box = html[start:html.index("</section>", start)]
+    assert "a100-80gb: use " in box
+    assert "PREDICTED by the model, not measured" in box
+    # how sure: the model's stored error on public measurements it was not fitted to
+    assert "GMAE is" in box and "public measurements from" in box
+    agree = int(load_run(no_gpu_run).model_validation["agrees"].astype(str).str.lower().eq("true").sum())
+    assert f"reproduces {agree} of the paper&#39;s 4 published claims" in box
+    for r in answer_run(load_run(no_gpu_run)).display_rows():
+        assert all(f">{html_escape(v)}<" in box for v in r.values()), r
+    assert "nan" not in box.lower()
+    v = ModelValidation(n=12, gmae=0.21, mape=0.25, coverage=0.58, source="public measurements")
+    box = report_html([no_gpu_run], validation=v)
+    assert "GMAE is 21% on 12 public measurements, 58% of them inside its band" in box
+
+
+def test_the_headline_beside_the_paper_only_for_its_configuration(no_gpu_run):
+    head = panel_html(report_html([no_gpu_run], strict=True), "s1-headline")
+    assert "up to +103%" in head and "<figure" in head   # the paper run: its claims, and the chart with bands
+
+
 def test_provenance_is_said_once_per_section(no_gpu_run):
     html = report_html([no_gpu_run], strict=True)
     sec = html[html.index('id="s1-sec-workload-locality"'):html.index('id="s1-locality"')]
@@ -622,6 +656,10 @@ def test_comparison_of_two_reports_matches_kernels(ncu_fixtures):
     html = report_html([a, b], strict=True)
     part = panel_html(html, "c1-metrics")
     assert "similar name + launch order" in part and "Unmatched kernels (3)" in part
+    box = html[html.index('id="c1-answer"'):]
+    box = box[:box.index("</section>")]   # the comparison's answer, in the first box
+    assert "one kernel pairs up, #0 nodeByPoint → #0 nodeByPoint5 (1 of 4)" in box and "(-84.7%)" in box
+    assert "3 kernel(s) are on one side only" in box and html.index('id="c1-answer"') < html.index('class="panel')
     assert "8,261,907 → 1,266,778 (-84.7%)" in part and "25.1% → 33.5% (+8.4 pt)" in part
     html = report_html([a, b], strict=True, pairs=["nodeByPoint=#2"])
     part = panel_html(html, "c1-metrics")

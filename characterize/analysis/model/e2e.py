@@ -299,10 +299,13 @@ def step_ops(wl: WorkloadConfig, dlrm: DlrmConfig, embedding: pd.Series, gpu: Gp
     ops = [Op("input_copy", "host-to-device inputs", h2d(c), h2d(band[0]), h2d(band[1]))]
     ops += _mlp("bottom_mlp", dlrm.bottom, B, False, False, gpu, c, o, band)
     pre = embedding.get("prepass_us", math.nan)
-    for t in range(T):
+    per_launch = embedding.get("tables_per_launch", 1)
+    per_launch = int(per_launch) if isinstance(per_launch, (int, float)) and per_launch == per_launch else 1
+    for t in range(0, T, max(1, per_launch)):   # a kernel covering every table (tbe, fbgemm): one launch
         if isinstance(pre, float) and math.isfinite(pre):
             ops.append(Op("embedding", f"L2 pin pre-pass table {t}", pre, pre, pre))
-        ops.append(Op("embedding", f"embedding bag table {t}", float(embedding["time_us"]),
+        what = f"embedding bag table {t}" if per_launch <= 1 else f"embedding bag, tables {t}-{min(T, t + per_launch) - 1}"
+        ops.append(Op("embedding", what, float(embedding["time_us"]),
                       float(embedding["time_us_low"]), float(embedding["time_us_high"])))
     ops += _interaction(T, D, B, False, gpu, c, o, band)
     ops += _mlp("top_mlp", top, B, True, False, gpu, c, o, band)

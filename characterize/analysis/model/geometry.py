@@ -6,6 +6,9 @@ own bag lengths.
 
 from __future__ import annotations
 
+import contextvars
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -15,7 +18,7 @@ import pandas as pd
 from characterize.analysis.model.constants import SECTOR
 from characterize.analysis.model.host import HostProfile
 from characterize.analysis.model.kernels import PERSISTENT, KernelFacts, ours, peer, peer_dtype, user
-from characterize.analysis.model.locality import TraceProfile, sectors_per_row
+from characterize.analysis.model.locality import TraceProfile, sectors_per_row, trace_profile
 from characterize.config import INDEX_BYTES, WorkloadConfig
 from characterize.errors import ConfigError, UnsupportedShape
 from characterize.hardware.specs import UVM_PAGE_BYTES, GpuSpec
@@ -223,12 +226,21 @@ def _prepare(workload: WorkloadConfig, datasets: Sequence[str], variants: Sequen
                 raise
             skipped.append(f"{name}: {e}")
             names.remove(name)
+    # the trace does not depend on the rows' dtype: one profile per dataset for every precision
+    key_of = {ds: (ds, workload.replace(dtype="fp32"), tables) for ds in datasets}
+    missing = [ds for ds in dict.fromkeys(datasets) if key_of[ds] not in profiles]
+    if progress:
+        for ds in missing:
+            progress(f"model: reuse distances of {ds}")
+    if len(missing) > 1:   # each trace on its own thread (the reuse kernel releases the GIL), in this context
+        contexts = [contextvars.copy_context() for _ in missing]   # (the shared caches of the run)
+        with ThreadPoolExecutor(min(len(missing), os.cpu_count() or 1)) as pool:
+            found = pool.map(lambda c, d: c.run(trace_profile, d, workload, tables), contexts, missing)
+            profiles.update({key_of[d]: prof for d, prof in zip(missing, found)})
     for ds in datasets:
-        key = (ds, workload.replace(dtype="fp32"), tables)   # the trace does not depend on the rows' dtype
+        key = key_of[ds]
         if key not in profiles:
-            if progress:
-                progress(f"model: reuse distances of {ds}")
-            profiles[key] = TraceProfile(ds, workload, tables)
+            profiles[key] = trace_profile(ds, workload, tables)
         prof = profiles[key]
         lengths = prof.bag_lengths
         for gpu in gpus:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -160,6 +161,13 @@ def ours(v: Variant, gpu: GpuSpec, wl: WorkloadConfig, static: pd.DataFrame, sas
 PEER_DTYPE = {"torch": {"int8h": "int8"}, "fbgemm": {"int8": "int8h", "bf16": "fp16"}}
 
 
+def _kernel_name(demangled: str) -> str:
+    """'void at::native::(anonymous namespace)::EmbeddingBag_updateOutputKernel_sum_mean<float, long>(...)'
+    -> 'EmbeddingBag_updateOutputKernel_sum_mean': the function's own name, for a note."""
+    base = re.sub(r"<.*", "", demangled.replace("(anonymous namespace)", "").split("(")[0].removeprefix("void "))
+    return base.split("::")[-1] or demangled[:60]
+
+
 def peer_dtype(name: str, dtype: str) -> str:
     """The table dtype whose kernel a peer runs when a user's table is `dtype`."""
     return PEER_DTYPE.get(name, {}).get(dtype, dtype)
@@ -190,8 +198,8 @@ def peer(v: Variant, gpu: GpuSpec, wl: WorkloadConfig, params: Mapping[str, Any]
         bag_latencies=_json(row.get("bag_latencies")), bag_instructions=_json(row.get("bag_instructions")),
         offset2bag=name == "torch", output_bytes=DTYPES[dtype].element_bytes if name == "torch" and not quantized
         else 4, symbol=str(row.get("symbol", "")),
-        note=(f"{name} {PEER_VERSIONS[name]}'s own SASS ({row.get('binary_arch', code_arch)}, "
-              f"{str(row.get('kernel', ''))[:80]}; wheel {row.get('wheel', '')} sha256 "
+        note=(f"{name} {PEER_VERSIONS[name]}'s own SASS ({row.get('binary_arch', code_arch)}: "
+              f"{_kernel_name(str(row.get('kernel', '')))}, from {row.get('wheel', '')}, sha256 "
               f"{str(row.get('wheel_sha256', ''))[:12]})" + ("" if code_arch == gpu.arch else
                                                           f"; code facts of {code_arch}")),
         load_bits=_json(row.get("load_bits")), row_load_bits=_int(row.get("row_load_bits")),

@@ -5,10 +5,14 @@ and shared by every variant and GPU.
 from __future__ import annotations
 
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from functools import lru_cache
-from typing import Callable
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -139,6 +143,57 @@ def _compact(traces: list[TableTrace], rows: int) -> tuple[list[TableTrace], int
 
 #: a table with more rows than this many per lookup of its trace is analyzed on its trace's distinct rows
 COMPACT_ROWS_PER_LOOKUP = 4
+
+
+_PROFILES: ContextVar[dict | None] = ContextVar("shared_trace_profiles", default=None)
+
+
+@contextmanager
+def shared_profiles() -> Iterator[None]:
+    """Within the block, `trace_profile` analyzes each trace once, whatever the precision,
+    D or GPU asked for (none of them changes a trace's reuse): a run's predictions of every
+    precision and the model's check against the paper share them. Reentrant."""
+    if _PROFILES.get() is not None:
+        yield
+        return
+    token = _PROFILES.set({})
+    try:
+        yield
+    finally:
+        _PROFILES.reset(token)
+
+
+def trace_profile(dataset: str, workload: WorkloadConfig, tables: int = 1) -> "TraceProfile":
+    """The TraceProfile of `dataset` under `workload`, shared inside `shared_profiles`."""
+    cache = _PROFILES.get()
+    key = (dataset, workload.T, workload.E, workload.B, workload.L, workload.batches, workload.seed, tables)
+    if cache is not None and key in cache:
+        return cache[key]
+    prof = TraceProfile(dataset, workload, tables)
+    if cache is not None:
+        cache[key] = prof
+    return prof
+
+
+def warm(profiles: Iterable["TraceProfile"], needs: dict[int, set[tuple[int, str]]], modes: Iterable[str]) -> None:
+    """Compute the costly part of what the points will read of each profile (for each pinned
+    K, the hot/cold split's reuse distances and the window), one thread per profile: the
+    reuse-distance kernel releases the GIL, so traces are analyzed side by side."""
+    modes = list(modes)
+
+    def one(prof: "TraceProfile") -> None:
+        for k, mode in sorted(needs.get(id(prof), ())):
+            prof.pinned(k)
+            if mode in modes:
+                prof.window(k, mode)
+
+    todo = list(dict.fromkeys(profiles))
+    if len(todo) < 2:
+        for p in todo:
+            one(p)
+        return
+    with ThreadPoolExecutor(min(len(todo), os.cpu_count() or 1)) as pool:
+        list(pool.map(one, todo))
 
 
 class TraceProfile:

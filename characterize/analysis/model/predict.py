@@ -11,6 +11,7 @@ import pandas as pd
 from characterize.analysis.model.constants import MODES, ModelConstants, load_calibration
 from characterize.analysis.model.equations import _evaluate
 from characterize.analysis.model.geometry import _Point, _prepare
+from characterize.analysis.model.locality import warm
 from characterize.analysis.model.validation_error import model_error
 from characterize.config import ExperimentConfig, WorkloadConfig
 from characterize.errors import ConfigError
@@ -136,6 +137,11 @@ def predict(workload: WorkloadConfig, datasets: Sequence[str], variants: Sequenc
         points = _prepare(workload, list(datasets), names, gpus, params or {}, static, sass, tables, m, profiles,
                           progress, cache_ratios, set_aside=set_aside, custom=custom, skipped=skipped,
                           optional=[n for n in names if n not in wanted and n != "base"])
+        needs: dict[int, set[tuple[int, str]]] = {}   # what the points will read of each trace, side by side
+        for p in points:
+            if p.l2 != "none" and (p.pinned_rows or p.prepass_rows):
+                needs.setdefault(id(p.profile), set()).add((p.pinned_rows or p.prepass_rows, p.mode))
+        warm([p.profile for p in points], needs, {p.mode for p in points})
         frames.append(_frame(points, consts, wanted))
     df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COLUMNS)
     df.attrs["skipped"] = [s for s in dict.fromkeys(skipped) if s.split(" on ")[0] in wanted]
