@@ -166,7 +166,7 @@ def test_no_gpu_runs_and_their_comparison(chromium, tmp_path):
     html = render_report([a, b], tmp_path / "runs.html", strict=True)
     page = _check_page(chromium, html, tmp_path, "no-gpu-runs")
     assert_answer_in_first_screen(page, "a100-80gb: use ")
-    assert "PREDICTED by the model" in page["answers"][0]["text"] and "not yet validated" in page["answers"][0]["text"]
+    assert "PREDICTED by the model" in page["answers"][0]["text"] and "public measurements" in page["answers"][0]["text"]
     print(f"\nno-GPU report of two runs: {page['pageHeight']} px tall")
     for pid in ("headline", "static", "predictions"):
         _shown(page, f"s1-{pid}", figures=0)
