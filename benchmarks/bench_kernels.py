@@ -12,7 +12,11 @@ Prints, in one run:
   2. napkin math per configuration and GPU: the bytes one batch gathers (every lookup's row),
      the bytes it moves at least (rows, indices, offsets, output), and those over the GPU's
      peak HBM bandwidth (hardware.specs): the time no kernel can beat, per batch and per table,
-     and the launches a batch takes (T for the per-table variants, 1 for tbe).
+     and the launches a batch takes (T for the per-table variants, 1 for tbe);
+  3. the model's prediction per configuration, GPU and variant (torch and fbgemm from their
+     own SASS, warp and tbe from ours): time per batch of every table, the share of the no-reuse
+     HBM roofline it reaches (the napkin time over the predicted one; above 100% when L2 hits save
+     HBM traffic), and tbe against fbgemm.
 """
 
 from __future__ import annotations
@@ -92,11 +96,17 @@ def kernel_table() -> list[dict]:
     return out
 
 
+def napkin_bytes(wl: WorkloadConfig) -> float:
+    """Bytes one batch moves at least: every lookup's row, its index, the offsets and the fp32 output."""
+    lookups = wl.T * wl.B * wl.L.mean
+    return lookups * wl.row_bytes + lookups * INDEX_BYTES + wl.T * wl.B * (INDEX_BYTES + wl.D * 4)
+
+
 def napkin(config: WorkloadConfig, dtype: str) -> dict:
     wl = config.replace(dtype=dtype)
     lookups = wl.T * wl.B * wl.L.mean
     gathered = lookups * wl.row_bytes
-    moved = gathered + lookups * INDEX_BYTES + wl.T * wl.B * (INDEX_BYTES + wl.D * 4)  # + offsets, fp32 output
+    moved = napkin_bytes(wl)
     row = {"dtype": dtype, "lookups/batch": int(lookups), "gathered/batch": format_bytes(gathered),
            "moved/batch": format_bytes(moved),
            "gathered/launch (per-table | tbe)": f"{format_bytes(gathered / wl.T)} | {format_bytes(gathered)}"}
@@ -118,6 +128,35 @@ def show(rows: list[dict]) -> None:
         print("  ".join(v.rjust(w) for v, w in zip(x, width)))
 
 
+#: the datasets each configuration is predicted on: the paper's hardest and its medium one; Zipf 1.05 at L=1
+PREDICTED = {"paper": ("random", "medium"), "L=1": ("zipf:1.05",)}
+PEERS = ("torch", "fbgemm", "warp", "tbe")
+
+
+def predictions_table() -> list[dict]:
+    """The model per configuration, dataset, GPU and variant (fp32): batch time, % of the
+    HBM roofline (bytes moved at least / peak bandwidth, over the predicted time)."""
+    from characterize.analysis.model.predict import predict
+    from characterize.pipeline import code_facts
+
+    code = code_facts(["base", "warp", "tbe"], list(ARCHS), 128)
+    out = []
+    for cname, config in CONFIGS.items():
+        wl = config.replace(batches=3)
+        moved = napkin_bytes(wl)
+        df = predict(wl, list(PREDICTED[cname]), list(PEERS), list(GPUS), static=code.static, sass=code.sass)
+        for (ds, gpu), g in df.groupby(["dataset", "gpu"], sort=False):
+            t = g.set_index("variant")["batch_us"]
+            row = {"config": cname, "dataset": ds, "gpu": gpu}
+            roof = moved / gpu_spec(gpu).hbm_GBps / 1e3
+            for v in PEERS:
+                row[f"{v} us/batch"] = round(float(t[v]), 1)
+                row[f"{v} % no-reuse roof"] = round(100 * roof / float(t[v]), 1)
+            row["tbe vs fbgemm"] = f"{float(t['fbgemm']) / float(t['tbe']):.2f}x"
+            out.append(row)
+    return out
+
+
 def main() -> None:
     start = time.perf_counter()
     print(f"in flight per warp: row loads in the hot loop alone ('hot', as `characterize sass`); rows really "
@@ -129,6 +168,10 @@ def main() -> None:
               f"kernel beats: bytes moved per batch / peak HBM bandwidth (launches per batch: {config.T} per-table, "
               f"{get_variant('tbe').tables_per_launch or 1} tbe)")
         show([napkin(config, d) for d in DTYPES])
+    print("\nthe model (PREDICTIONS, not measurements; fp32): time per batch of every table and the share of the "
+          "no-reuse HBM roofline above it reaches (over 100% where L2 hits on reused rows save HBM traffic, as on "
+          "the medium and Zipf traces); tbe against FBGEMM's TBE (read from fbgemm-gpu 1.8.0's own SASS):")
+    show(predictions_table())
     print(f"\ndone in {time.perf_counter() - start:.1f} s")
 
 
