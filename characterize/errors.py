@@ -150,6 +150,14 @@ class CheckMismatch(CharacterizeError):
     exit_code = 11
 
 
+class MeasurementError(CharacterizeError):
+    """A point's timings are not times: every repetition's subtraction (the batch minus its
+    pre-passes timed alone) came out at or below zero, the noise larger than the kernel.
+    The point is recorded as failed with that reason instead of a negative latency."""
+
+    exit_code = 13
+
+
 class PointsFailed(CharacterizeError):
     """bench or profile finished, but points of it failed (or their jobs vanished): what
     finished is kept, and `--resume` measures the failed points again."""

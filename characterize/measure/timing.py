@@ -46,6 +46,7 @@ import numpy as np
 import torch
 
 from characterize.config import BenchConfig
+from characterize.errors import MeasurementError
 from characterize.kernels.library import BagOutputs, TableKernel
 
 # two-sided 95% Student-t quantiles for 1..30 degrees of freedom; 1.96 beyond
@@ -292,7 +293,7 @@ def time_point(kernels: Sequence[TableKernel], batches: Sequence[Sequence[Batch]
                 split = [split[0] + last.dedup_us, split[1] + last.transfer_us, split[2] + last.lookup_us]
         return {"batch_us": batch_us, "prepass_us": pre, "kernel_us": batch_us - pre, "host_enqueue_us": h1 - h0,
                 "spin_us": spin, "gap_free": use_delay and (h1 - h0) < spin, "phases": split,
-                "k": [(batch_us - pre) / T] * T}
+                "k": [(batch_us - pre) / T] * T, "positive": batch_us - pre > 0}
 
     def per_launch_batch(b: int, flush: bool) -> dict[str, Any]:
         """Each launch bracketed by its own events (cold mode: after its own flush, each
@@ -351,7 +352,10 @@ def time_point(kernels: Sequence[TableKernel], batches: Sequence[Sequence[Batch]
         r = len(reps)
         b = timed_batch_index(bench.warmup, n, r)
         res = one_batch(b)
-        counts = res["gap_free"] or not use_delay
+        # steady mode with pre-passes subtracts the pre-passes timed alone: a difference at or below
+        # zero (the pre-passes alone slower than the batch with them) is noise, never counted
+        positive = res.get("positive", True)
+        counts = (res["gap_free"] or not use_delay) and positive
         reps.append({"mode": mode, "rep": r, "batch": b, "kernel_us": res["kernel_us"],
                      "prepass_us": res["prepass_us"], "batch_us": res["batch_us"],
                      "host_enqueue_us": res["host_enqueue_us"], "delay_us": delay_us if use_delay else 0.0,
@@ -359,11 +363,14 @@ def time_point(kernels: Sequence[TableKernel], batches: Sequence[Sequence[Batch]
                      **({"launch_gap_us": res["launch_gap_us"]} if "launch_gap_us" in res else {}),
                      **({"dedup_us": res["phases"][0], "transfer_us": res["phases"][1],
                          "lookup_us": res["phases"][2]} if has_cache else {})})
-        per_table_all += res["k"]
+        if positive:
+            per_table_all += res["k"]
         if counts:
             per_table += res["k"]
             kernel_batch.append(res["kernel_us"])
             phases += res["phases"]
+        elif not positive:
+            pass
         else:  # the host was still enqueueing when the spin ended: wait longer next time
             host_bound += 1
             delay_us = min(MAX_DELAY_US, max(2 * delay_us, 2 * res["host_enqueue_us"] + 50.0))
@@ -377,9 +384,15 @@ def time_point(kernels: Sequence[TableKernel], batches: Sequence[Sequence[Batch]
             break  # a pathologically slow point: keep what we have
     counted = [r for r in reps if r["counted"]]
     gap_free = bool(counted) and use_delay
-    if not counted:  # never gap-free (a host call that synchronizes?): keep the reps, flagged
-        counted = reps
-        kernel_batch = [r["kernel_us"] for r in reps]
+    if not counted and not any(r["kernel_us"] > 0 for r in reps):
+        raise MeasurementError(
+            f"{mode} mode: in all {len(reps)} repetition(s) the pre-passes timed alone took at least as long as the "
+            f"batch with them (batch minus pre-passes: {min(r['kernel_us'] for r in reps):.1f} us at most "
+            f"{max(r['kernel_us'] for r in reps):.1f} us); the timing noise is larger than the kernel here, so no "
+            "latency was recorded. Measure again on a quiet machine, or with more batches per repetition")
+    if not counted:  # never gap-free (a host call that synchronizes?): keep the positive reps, flagged
+        counted = [r for r in reps if r["kernel_us"] > 0]
+        kernel_batch = [r["kernel_us"] for r in counted]
         per_table = per_table_all
     # the per-launch diagnostic: steady mode only (cold mode is timed per launch already)
     if mode == "steady":

@@ -4,10 +4,14 @@ the emulation backend runs the same loop end to end with a clean-L2 flush."""
 
 from __future__ import annotations
 
+import itertools
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from characterize.config import BenchConfig
+from characterize.errors import MeasurementError
 from characterize.kernels.library import bind
 from characterize.measure.timing import FIRST_DELAY_US, METHOD_DELAY, METHOD_WALL, L2Flusher, time_point
 
@@ -160,6 +164,38 @@ def test_a_delay_too_short_for_the_host_is_doubled_and_its_repetitions_left_out(
     counted = [r for r in reps if r["counted"]]
     assert len(counted) >= 3 and all(r["delay_us"] > r["host_enqueue_us"] for r in counted)
     assert res["kernel"].n == len(counted) and res["kernel"].mean == pytest.approx(20 * DEVICE_US[0])
+
+
+class PrepassKernel(SimulatedKernel):
+    """An l2p table: a 1 us pre-pass before each launch in the batch; the pre-pass timed
+    alone afterwards takes the next of `alone_us` (a noisy device makes it slower)."""
+
+    def __init__(self, stream: SimulatedStream, device_us: float, alone_us):
+        super().__init__(stream, device_us)
+        self.variant, self.hot_rows = SimpleNamespace(l2="prefetch"), [0]
+        self.calls, self.alone = 0, alone_us
+
+    def prepass(self) -> None:
+        self.calls += 1
+        self.stream.kernel(2.0, 1.0 if self.calls % 2 else next(self.alone))
+
+
+def _time_prepass(alone_us) -> dict:
+    stream = SimulatedStream()
+    return time_point([PrepassKernel(stream, 7.0, alone_us)], [[(torch.zeros(1), torch.zeros(1))]], "steady", BENCH,
+                      outputs=[None], clock=stream)
+
+
+def test_a_repetition_whose_prepass_alone_outlasts_its_batch_is_not_counted():
+    res = _time_prepass(itertools.cycle([1.0, 500.0]))   # every other pre-pass alone: 500 us of noise
+    reps = res["repetitions"]
+    assert any(r["kernel_us"] < 0 and not r["counted"] for r in reps)
+    assert res["kernel"].mean == pytest.approx(7.0) and res["per_table_mean_us"] == pytest.approx([7.0])
+
+
+def test_a_point_whose_every_subtraction_is_negative_is_an_error_not_a_negative_latency():
+    with pytest.raises(MeasurementError, match="pre-passes timed alone took at least as long as the batch"):
+        _time_prepass(itertools.repeat(500.0))
 
 
 def test_emulated_bench_runs_cold_mode_with_a_write_then_read_flush():
