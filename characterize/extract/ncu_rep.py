@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import math
 import os
 import re
@@ -108,6 +109,7 @@ def _crashes_on_load(ncu_report: Any, path: Path) -> list[str]:
     if key not in _PROBED:
         pid = os.fork()
         if pid == 0:  # the child only loads and leaves, without running any exit handler
+            faulthandler.disable()  # its expected abort is reported by the parent, not as a Python traceback
             try:
                 ncu_report.load_report(str(path))
             finally:
