@@ -1,6 +1,6 @@
 """A real Slurm: a single-node cluster (munged, slurmctld, slurmd) started by
-.ci/slurm-up.sh, every point a real array task. `characterize run quick --executor
-slurm --backend emulate` gives the local run's report; a job cancelled mid-run is a
+.ci/slurm-up.sh, every point a real array task. `characterize run --executor slurm
+--backend emulate` gives the local run's report; a job cancelled mid-run is a
 failed point carrying Slurm's reason, and `--resume` finishes the run. Where the
 cluster cannot start (no slurm-wlm/munge, not root) the tests skip and say why; CI
 installs both, so there they run."""
@@ -18,7 +18,6 @@ from typing import Iterator
 
 import pytest
 
-from characterize.pipeline import load_experiment
 from characterize.store import load_run
 from tests.conftest import fixtures_dir, write_experiment
 
@@ -84,18 +83,24 @@ def test_a_bad_partition_is_one_line(slurm_env, tmp_path):
 
 
 @pytest.mark.slow
-def test_run_quick_through_slurm_matches_the_local_run_and_resume_finishes_a_cancelled_job(slurm_env, tmp_path):
+def test_a_run_through_slurm_matches_the_local_run_and_resume_finishes_a_cancelled_job(slurm_env, tmp_path):
     start = time.monotonic()
-    local_dir, slurm_dir = tmp_path / "local" / "quick", tmp_path / "slurm" / "quick"
+    variants, datasets = ("torch", "base", "l2p", "warp"), ("medium", "random")
+    n = len(variants) * len(datasets)
+    exp = write_experiment(tmp_path, variants=variants, datasets=datasets, modes=("steady", "cold"), caps=(),
+                           max_reps=3, budget=0.1)
+    # the array's last task waits in its setup, so it is certainly running, without its point, when
+    # the others have finished; a resubmitted point is task 0 of a new array and does not wait
+    exp.write_text(exp.read_text() + f'\n[slurm]\nsetup = ["[ \\"$SLURM_ARRAY_TASK_ID\\" != {n - 1} ] || sleep 300"]\n')
+    local_dir, slurm_dir = tmp_path / "local" / "tiny", tmp_path / "slurm" / "tiny"
     # the local reference runs beside the Slurm run (bench budgets are wall time, so they overlap)
-    local = subprocess.Popen([sys.executable, "-m", "characterize.cli", "run", "quick", "--backend", "emulate",
+    local = subprocess.Popen([sys.executable, "-m", "characterize.cli", "run", str(exp), "--backend", "emulate",
                               "--out", str(local_dir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              env=slurm_env)
-    proc = subprocess.Popen([sys.executable, "-m", "characterize.cli", "run", "quick", "--executor", "slurm",
+    proc = subprocess.Popen([sys.executable, "-m", "characterize.cli", "run", str(exp), "--executor", "slurm",
                              "--backend", "emulate", "--out", str(slurm_dir)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=slurm_env)
-    # wait for the bench array, let a few points finish, then cancel a running job of the
-    # slowest variant (warp: many seconds per point in emulation) whose point is not written yet
+    # wait for the bench array, let the other points finish, then cancel the waiting task
     record = slurm_dir / "jobs" / "submitted.json"
     cancelled = None
     deadline = time.monotonic() + 600
@@ -105,20 +110,17 @@ def test_run_quick_through_slurm_matches_the_local_run_and_resume_finishes_a_can
             continue
         array = re.findall(r"\d+", record.read_text())[0]
         states = squeue(slurm_env, array)
-        if sum(s == "COMPLETED" for s in states.values()) < 3:
+        if sum(s == "COMPLETED" for s in states.values()) < n - 1:
             continue
-        for job in sorted(j for j, s in states.items() if s == "RUNNING" and "[" not in j):
+        job = f"{array}_{n - 1}"
+        if states.get(job) == "RUNNING":
             task = pickle.loads((slurm_dir / "jobs" / f"{job}_submitted.pkl").read_bytes()).args[0]
-            if task.variant == "warp" and not (slurm_dir / "points" / "bench" /
-                                               f"{task.variant}__{task.dataset}.json").exists():
-                subprocess.run(["scancel", job], check=True, env=slurm_env)
-                cancelled = job
-                break
+            assert not (slurm_dir / "points" / "bench" / f"{task.variant}__{task.dataset}.json").exists()
+            subprocess.run(["scancel", job], check=True, env=slurm_env)
+            cancelled = job
     out, err = proc.communicate(timeout=900)
     assert cancelled is not None, f"no running job to cancel: {err[-2000:]}"
     # a job that ended without its point fails the bench step (exit 9), the rest of the run is written
-    quick = load_experiment("quick")
-    n = len(quick.variants) * len(quick.datasets)
     assert proc.returncode == 9 and f"1 step(s) failed: bench: 1 of {n} bench point(s) failed" in err, err[-3000:]
     first = time.monotonic() - start
     run = load_run(slurm_dir)
@@ -129,7 +131,7 @@ def test_run_quick_through_slurm_matches_the_local_run_and_resume_finishes_a_can
     assert f"bench: failed: 1 of {n} bench point(s) failed" in out
     failed_point = (fail["variant"].iloc[0], fail["dataset"].iloc[0])
 
-    resumed = cli(slurm_env, "run", "quick", "--executor", "slurm", "--backend", "emulate", "--out", slurm_dir,
+    resumed = cli(slurm_env, "run", exp, "--executor", "slurm", "--backend", "emulate", "--out", slurm_dir,
                   "--resume", timeout=900)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "1 point(s) submitted" in resumed.stderr
@@ -146,7 +148,7 @@ def test_run_quick_through_slurm_matches_the_local_run_and_resume_finishes_a_can
     a = report_content(local_dir / "report.html", local_dir)
     b = report_content(slurm_dir / "report.html", slurm_dir)
     assert a == b
-    print(f"\nSlurm run of quick with one cancelled job: {first:.0f} s; resume {time.monotonic() - start - first:.0f} s")
+    print(f"\nSlurm run with one cancelled job: {first:.0f} s; resume {time.monotonic() - start - first:.0f} s")
 
 
 @pytest.mark.slow
