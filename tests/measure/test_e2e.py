@@ -99,6 +99,24 @@ def test_stage_model_walks_the_graph_and_keeps_its_band():
     assert df["source"].eq("predicted").all()
 
 
+def test_a_kernel_covering_every_table_is_one_launch_per_batch_whatever_the_column_type():
+    """fbgemm and tbe predict one launch for all T tables: its time enters the step once.
+    Read from predictions.csv the count is a numpy integer, as here."""
+    g = gpu_spec("sm_80")
+    wl = WorkloadConfig.paper()
+    emb = _embedding(("base", "fbgemm"))
+    emb["tables_per_launch"] = pd.Series([1, wl.T], dtype="int64")
+    emb.loc[emb["variant"] == "fbgemm", ["time_us", "time_us_low", "time_us_high"]] = [600.0, 480.0, 780.0]
+    df = predict_step(wl, DlrmConfig(), emb, [g], {g.key: ModelConstants.defaults(g)}, {"medium": 90_000.0},
+                      phases=("inference",))
+    tot = df[df["stage"] == "total"].set_index("variant")
+    emb_stage = df[df["stage"] == "embedding"].set_index("variant")["time_us"]
+    assert emb_stage["fbgemm"] == pytest.approx(600.0, rel=0.05)            # once, not T times
+    assert emb_stage["base"] >= wl.T * 120.0
+    assert tot.loc["fbgemm", "speedup_embedding"] == pytest.approx(wl.T * 120.0 / 600.0)
+    assert tot.loc["fbgemm", "speedup_e2e"] > 1.0
+
+
 def test_host_dispatch_gaps_are_idle_time():
     from characterize.analysis.model.e2e import Op
 

@@ -299,8 +299,9 @@ def step_ops(wl: WorkloadConfig, dlrm: DlrmConfig, embedding: pd.Series, gpu: Gp
     ops = [Op("input_copy", "host-to-device inputs", h2d(c), h2d(band[0]), h2d(band[1]))]
     ops += _mlp("bottom_mlp", dlrm.bottom, B, False, False, gpu, c, o, band)
     pre = embedding.get("prepass_us", math.nan)
-    per_launch = embedding.get("tables_per_launch", 1)
-    per_launch = int(per_launch) if isinstance(per_launch, (int, float)) and per_launch == per_launch else 1
+    # numpy's integers are not Python ints: read the count as a number whatever its type
+    per_launch = pd.to_numeric(pd.Series([embedding.get("tables_per_launch", 1)]), errors="coerce").iloc[0]
+    per_launch = int(per_launch) if per_launch == per_launch and per_launch >= 1 else 1
     for t in range(0, T, max(1, per_launch)):   # a kernel covering every table (tbe, fbgemm): one launch
         if isinstance(pre, float) and math.isfinite(pre):
             ops.append(Op("embedding", f"L2 pin pre-pass table {t}", pre, pre, pre))
