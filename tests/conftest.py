@@ -32,6 +32,13 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_slow)
 
 
+@pytest.fixture(autouse=True)
+def _no_terminal_width(monkeypatch):
+    """Tables fit $COLUMNS when it is set: tests see every column, whatever terminal (or
+    pytest-xdist worker) runs them; a test about widths sets it itself."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+
+
 def fixtures_dir() -> Path:
     """../shared/fixtures/ncu beside the repository, or $CHARACTERIZE_NCU_FIXTURES."""
     env = os.environ.get("CHARACTERIZE_NCU_FIXTURES")
