@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
 import re
 import subprocess
@@ -1288,22 +1289,55 @@ def analyze_kernel(code: KernelCode, *, nest: bool = True, **kw: Any) -> LoopRow
     row = analyze_loop(loop, **kw)
     if not nest or not row.row_loads:
         return row
-    n = loop_nest(code, loop)
-    if n is None:
+    facts = _nest_facts(code, loop, kw.get("memory_latency", MEMORY_LATENCY))
+    if facts is None:
         return row
-    memory_latency = kw.get("memory_latency", MEMORY_LATENCY)
-    lat, ins = {}, {}
-    for L in NEST_L:
-        total, ins[L] = nest_latencies(code, n, L, memory_latency)
-        lat[L] = round(total, 3)
-    ref_lat, _ = nest_latencies(code, n, REFERENCE_L, memory_latency)
+    lat = {int(L): v for L, v, _ in facts["bags"]}
+    ins = {int(L): i for L, _, i in facts["bags"]}
+    ref_lat = facts["reference"]
     loads_per_lookup = row.row_loads / max(1, row.lookups_per_iteration)
-    bags = 32 // max(1, n.lanes_per_bag)
+    bags = 32 // max(1, facts["lanes_per_bag"])
     in_flight = REFERENCE_L * bags * loads_per_lookup / ref_lat if ref_lat > 0 else None
-    spills = _nest_spills(code, n)
-    return dataclasses.replace(row, lanes_per_bag=n.lanes_per_bag, tile_lookups=n.tile_lookups, bag_latencies=lat,
-                               bag_instructions=ins, spills_in_nest=spills,
+    return dataclasses.replace(row, lanes_per_bag=facts["lanes_per_bag"], tile_lookups=facts["tile_lookups"],
+                               bag_latencies=lat, bag_instructions=ins, spills_in_nest=facts["spills"],
                                nest_rows_in_flight=None if in_flight is None else round(in_flight, 2))
+
+
+@lru_cache(maxsize=1)
+def _analysis_digest() -> str:
+    """This module's source: a cached nest replay is reused only by the analysis that made it."""
+    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
+
+
+def _nest_facts(code: KernelCode, loop: Loop, memory_latency: int) -> dict[str, Any] | None:
+    """The loop nest of `code` replayed at every bag length of NEST_L and at REFERENCE_L
+    (None without a nest). The replays are most of a warm run's time, so they are cached
+    on disk beside the disassembly, keyed by the kernel's instructions, the latency and
+    this module's source; an unreadable cache entry is computed again."""
+    key = hashlib.sha256(f"{_analysis_digest()} {memory_latency} {NEST_L} {REFERENCE_L} {code.arch} "
+                         f"{code.mangled} {loop.header}\n{code.instructions!r}".encode()).hexdigest()[:24]
+    path = cache_root() / "sass" / "nest" / f"{key}.json"
+    try:
+        return json.loads(path.read_text())["facts"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    n = loop_nest(code, loop)
+    facts: dict[str, Any] | None = None
+    if n is not None:
+        bags = []
+        for L in NEST_L:
+            total, count = nest_latencies(code, n, L, memory_latency)
+            bags.append([L, round(total, 3), count])
+        facts = {"bags": bags, "reference": nest_latencies(code, n, REFERENCE_L, memory_latency)[0],
+                 "lanes_per_bag": n.lanes_per_bag, "tile_lookups": n.tile_lookups, "spills": _nest_spills(code, n)}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}-{threading.get_ident()}.tmp")
+        tmp.write_text(json.dumps({"facts": facts}))
+        os.replace(tmp, path)
+    except OSError:
+        pass   # a read-only cache costs the replay next time, nothing else
+    return facts
 
 
 def _nest_spills(code: KernelCode, nest: Nest) -> int:

@@ -314,3 +314,16 @@ def test_sass_command_json_and_table():
     assert table.exit_code == 0 and "chz_rpf_kernel<4>" in table.output and "rows in flight" in table.output
     bad = CliRunner().invoke(main, ["sass", "--variants", "warp", "--D", "30"])
     assert bad.exit_code == 2 and "multiple of 4" in bad.output
+
+
+@needs_tools
+def test_the_nest_replay_is_cached_and_a_damaged_entry_is_computed_again(tmp_path, monkeypatch):
+    monkeypatch.setattr(S, "cache_root", lambda: tmp_path)   # the disassembly and replay caches only
+    first = analyze_variants(["warp"], ["sm_80"])
+    entries = sorted((tmp_path / "sass" / "nest").glob("*.json"))
+    assert entries and all(json.loads(p.read_text())["facts"] for p in entries)
+    assert analyze_variants(["warp"], ["sm_80"]) == first        # read back
+    for p in entries:
+        p.write_text('{"facts": {"bags": [[1, ')                # torn
+    assert analyze_variants(["warp"], ["sm_80"]) == first        # computed again
+    assert all(json.loads(p.read_text())["facts"] for p in entries)
