@@ -395,3 +395,15 @@ def test_the_model_uses_only_the_workloads_dtype_rows():
     assert r16.blocks_per_sm == 1 and r32.blocks_per_sm == 4
     with pytest.raises(ConfigError, match="bf16"):
         MP.predict(SMALL.replace(dtype="bf16"), ["random"], ["base"], ["sm_80"], static=s, sass=sass())
+
+
+def test_hot_rows_never_read_again_after_the_warm_up_batch_are_a_window_that_keeps_nothing():
+    """The hot set comes from the warm-up batch; on a random trace of a large table none of
+    it may be read in the scored batch. The hot subset then has lookups in batch 0 only,
+    and is still scored as the whole trace is (batch 0 is history), not as a one-batch trace."""
+    wl = WorkloadConfig(T=1, E=100_003, D=8, B=7, L=Pooling("fixed", 1.0), batches=2, seed=3)
+    prof = LOC.TraceProfile("random", wl)
+    assert prof.pinned(5) == 0.0
+    kept, rest = prof.window(5, "steady")
+    assert kept == 0.0 and rest.size == 0
+    assert prof.warm_start(5, "steady", 32.0, 8.0).size == 0

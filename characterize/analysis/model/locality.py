@@ -91,8 +91,10 @@ class _Stream:
     per_launch: float = 0.0  # lookups per launch
 
     @classmethod
-    def of(cls, idx: np.ndarray, batch: np.ndarray, rows: int) -> "_Stream":
-        """`batch`: each lookup's batch; lookups of batch 0 are history only."""
+    def of(cls, idx: np.ndarray, batch: np.ndarray, rows: int, batches: int | None = None) -> "_Stream":
+        """`batch`: each lookup's batch; lookups of batch 0 are history only when the trace
+        has more than one (`batches`, the whole trace's count: a subset of its lookups, such
+        as the hot rows', may have none past batch 0 and must not score its history then)."""
         if idx.size == 0:
             return cls(np.empty(0), np.empty(0, dtype=np.int64), 0.0)
         d = reuse_distances(idx).astype(np.float64)
@@ -104,7 +106,7 @@ class _Stream:
         starts = np.searchsorted(batch, np.arange(nb))
         pos = (np.arange(idx.size) - starts[batch]).astype(np.float64)
         unique = np.count_nonzero((prev < 0) | (crossed > 0)) / nb   # first reads of each launch
-        scored = batch >= 1 if nb > 1 else np.ones(idx.size, dtype=bool)
+        scored = batch >= 1 if max(nb, batches or 0) > 1 else np.ones(idx.size, dtype=bool)
         return cls(d[scored], crossed[scored], unique, gap[scored], pos[scored], idx.size / nb)
 
     def effective(self, tables: int, mode: str) -> np.ndarray:
@@ -211,7 +213,8 @@ class TraceProfile:
         self.original = [tr.indices for tr in data.tables]
         self._traces, self.rows = _compact(data.tables, data.rows)
         self._batch = [np.repeat(np.arange(tr.batches), np.diff(tr.starts)) for tr in data.tables]
-        self._streams = {"all": [_Stream.of(tr.indices, b, self.rows) for tr, b in zip(self._traces, self._batch)]}
+        self._streams = {"all": [_Stream.of(tr.indices, b, self.rows, tr.batches)
+                                 for tr, b in zip(self._traces, self._batch)]}
         self.lookups_per_launch = float(np.mean([tr.starts[-1] / tr.batches for tr in self._traces]))
         self.bags = int(self._traces[0].offsets.shape[1])
         self.unique_per_launch = float(np.mean([s.unique_per_launch for s in self._streams["all"]]))
@@ -301,7 +304,8 @@ class TraceProfile:
                 hot_n += int(np.count_nonzero(hot & scored))
                 n += int(np.count_nonzero(scored))
                 for name, sel in ((f"hot:{k}", hot), (f"cold:{k}", ~hot)):
-                    self._streams[name].append(_Stream.of(tr.indices[sel], batch[sel], self.rows))
+                    self._streams[name].append(_Stream.of(tr.indices[sel], batch[sel], self.rows,
+                                                          tr.batches))
             self._hot_fraction[k] = hot_n / max(n, 1)
         return self._hot_fraction[k]
 
