@@ -369,9 +369,7 @@ def time_point(kernels: Sequence[TableKernel], batches: Sequence[Sequence[Batch]
             per_table += res["k"]
             kernel_batch.append(res["kernel_us"])
             phases += res["phases"]
-        elif not positive:
-            pass
-        else:  # the host was still enqueueing when the spin ended: wait longer next time
+        elif positive:  # the host was still enqueueing when the spin ended: wait longer next time
             host_bound += 1
             delay_us = min(MAX_DELAY_US, max(2 * delay_us, 2 * res["host_enqueue_us"] + 50.0))
         k = len(kernel_batch)
@@ -387,7 +385,7 @@ def time_point(kernels: Sequence[TableKernel], batches: Sequence[Sequence[Batch]
     if not counted and not any(r["kernel_us"] > 0 for r in reps):
         raise MeasurementError(
             f"{mode} mode: in all {len(reps)} repetition(s) the pre-passes timed alone took at least as long as the "
-            f"batch with them (batch minus pre-passes: {min(r['kernel_us'] for r in reps):.1f} us at most "
+            f"batch with them (batch minus pre-passes between {min(r['kernel_us'] for r in reps):.1f} and "
             f"{max(r['kernel_us'] for r in reps):.1f} us); the timing noise is larger than the kernel here, so no "
             "latency was recorded. Measure again on a quiet machine, or with more batches per repetition")
     if not counted:  # never gap-free (a host call that synchronizes?): keep the positive reps, flagged
