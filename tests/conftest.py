@@ -22,6 +22,12 @@ def pytest_addoption(parser):
                      help="also run tests marked slow (subprocess runs, the wheel install); CI does")
 
 
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` (the default options) on a machine with a GPU: one worker, so no two test
+    files share the device and a timing test never runs beside another's kernels."""
+    return 1 if HAS_GPU else None
+
+
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
     skip_slow = pytest.mark.skip(reason="slow: run with --slow (CI does)")
