@@ -206,8 +206,9 @@ def _instances(V: int, short: bool) -> list[str]:
 @pytest.mark.parametrize("dtype", ["fp32", "int8"])
 def test_builds_for_every_arch_within_its_register_budget(dtype):
     """Every instance compiles for sm_80, sm_90 and sm_100; the one-vector long-bag instances
-    (D <= 128) stay within the budget their launch bounds set, without spilling."""
-    results = build_many([BuildSpec("cuda", a, None, dtype, source=TBE_SOURCE) for a in ARCHS])
+    (D <= 128) stay within the budget their launch bounds set, without spilling. The device
+    code alone (nvcc -cubin: the library's ptxas report; the library itself is built below)."""
+    results = build_many([BuildSpec("cuda", a, None, dtype, source=TBE_SOURCE, output="cubin") for a in ARCHS])
     for spec, result in results.items():
         names = {n.split("(")[0].removeprefix("void ") for n in result.kernels}
         assert {k for V in (1, 2, 4, 8) for sh in (False, True) for k in _instances(V, sh)} <= names
@@ -222,10 +223,22 @@ def test_builds_for_every_arch_within_its_register_budget(dtype):
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["fp16", "bf16", "int8h"])
 def test_other_dtypes_build_for_every_arch(dtype):
-    results = build_many([BuildSpec("cuda", a, None, dtype, source=TBE_SOURCE) for a in ARCHS])
+    results = build_many([BuildSpec("cuda", a, None, dtype, source=TBE_SOURCE, output="cubin") for a in ARCHS])
     for spec, result in results.items():
         main = result.resources(_instances(1, False)[0])
         assert main.registers <= BUDGET[dtype] and main.spill_stores == 0, (spec.arch, main)
+
+
+@needs_tools
+def test_the_library_a_gpu_loads_builds_with_the_device_code_the_other_tests_read():
+    """The shared library (host code and launch wrappers around the same device code) links,
+    and ptxas reports the same kernels and resources in it as in the device-code-only build."""
+    lib = build(BuildSpec("cuda", "sm_90", None, "fp32", source=TBE_SOURCE))
+    cubin = build(BuildSpec("cuda", "sm_90", None, "fp32", source=TBE_SOURCE, output="cubin"))
+    assert lib.library.suffix == ".so" and lib.library.stat().st_size > 0
+    assert set(lib.kernels) == set(cubin.kernels) and len(lib.kernels) >= 16
+    main = _instances(1, False)[0]
+    assert lib.resources(main) == cubin.resources(main)
 
 
 def _nest(result, kernel):
