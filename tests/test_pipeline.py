@@ -101,3 +101,24 @@ def test_the_selftest_is_planned_under_ten_minutes_by_construction():
     public = built_in()   # fbgemm is checked where it is installed
     assert steps["check"][0] == len(public) * (len(DTYPES) + 1) and selftest_checks()[-1] == ("mean", "fp32")
     assert selftest_plan(exp, 16).lines()[0].startswith("self-test plan, at most")
+
+
+@pytest.mark.slow
+def test_the_paper_claims_check_is_kept_and_a_damaged_entry_is_computed_again(tmp_path, monkeypatch):
+    """Every run checks the model against the paper's claims at the paper's size: the
+    result is kept (the build cache, keyed by what it depends on) and read back as is."""
+    from characterize.analysis.claims import CLAIM_ARCH, CLAIM_VARIANTS
+
+    monkeypatch.setattr(pipeline, "cache_root", lambda: tmp_path)   # the claims' cache only
+    monkeypatch.setenv("CHARACTERIZE_CALIBRATION", str(tmp_path / "calibration"))
+    first = pipeline.model_validation()
+    [entry] = (tmp_path / "claims").glob("*.csv")
+    pd.testing.assert_frame_equal(pipeline.model_validation(), first)
+    entry.write_text("")                                             # damaged
+    pd.testing.assert_frame_equal(pipeline.model_validation(), first)
+    assert entry.stat().st_size > 0 and len(first) == 4
+    code = pipeline.code_facts(CLAIM_VARIANTS, [CLAIM_ARCH], 128)
+    key = pipeline._claims_key(code)
+    (tmp_path / "calibration").mkdir()
+    (tmp_path / "calibration" / "a100-80gb.json").write_text("{}")   # a stored calibration changes the answer
+    assert pipeline._claims_key(code) != key
