@@ -24,7 +24,7 @@ import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import torch
 
@@ -208,22 +208,34 @@ def check_point(kernels: list[TableKernel], mapped: list[list[tuple[torch.Tensor
     point's own data, every table, on the device it will be timed on, and compare with
     torch.nn.functional.embedding_bag in float64 over the rows the batch reads. Returns
     {passed, max_abs_err, tolerance, table}: the worst table's numbers."""
+    outputs = preallocate(kernels, mapped[:1])
+
+    def tables() -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, str, str]]:
+        for t, tk in enumerate(kernels):   # launched one by one: a failed table stops the check
+            idx, off = mapped[0][t]
+            tk.prepass()
+            out = tk.launch(idx, off, out=outputs[t])
+            if idx.is_cuda:
+                torch.cuda.synchronize(idx.device)
+            rows, inverse = torch.unique(idx, return_inverse=True)
+            yield out.output, inverse, off, _rows_read(tk, rows).double(), tk.mode, tk.dtype
+
+    return _worst_table(tables(), variant)
+
+
+def _worst_table(tables: Iterable[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, str, str]],
+                 variant: str) -> dict[str, Any]:
+    """Each table's output against torch in float64 over the rows it reads, given as
+    (output, indices into those rows, offsets, the rows widened, pooling mode, dtype); the
+    worst table's {passed, max_abs_err, tolerance, table}, stopping at the first failure."""
     worst: dict[str, Any] = {"passed": True, "max_abs_err": 0.0, "tolerance": float("inf"), "table": -1}
     worst_ratio = -1.0
-    outputs = preallocate(kernels, mapped[:1])
-    for t, tk in enumerate(kernels):
-        idx, off = mapped[0][t]
-        tk.prepass()
-        out = tk.launch(idx, off, out=outputs[t])
-        if idx.is_cuda:
-            torch.cuda.synchronize(idx.device)
-        rows, inverse = torch.unique(idx, return_inverse=True)
-        wide = _rows_read(tk, rows).double()
-        ref = torch.nn.functional.embedding_bag(inverse, wide, off, mode=tk.mode)
+    for t, (output, inverse, off, wide, mode, dtype) in enumerate(tables):
+        ref = torch.nn.functional.embedding_bag(inverse, wide, off, mode=mode)
         B = int(off.numel())
-        err = float((out.output[:B].double() - ref).abs().max()) if B and idx.numel() else 0.0
-        lengths = torch.diff(torch.cat([off, torch.tensor([idx.numel()], device=off.device)]))
-        tol = tolerance(tk.dtype, variant, int(lengths.max()) if B else 1,
+        err = float((output[:B].double() - ref).abs().max()) if B and inverse.numel() else 0.0
+        lengths = torch.diff(torch.cat([off, torch.tensor([inverse.numel()], device=off.device)]))
+        tol = tolerance(dtype, variant, int(lengths.max()) if B else 1,
                         float(wide.abs().max()) if wide.numel() else 0.0)
         if err / tol > worst_ratio:
             worst_ratio = err / tol
@@ -499,26 +511,16 @@ def check_batch(tb: TableBatch, mapped: Batches, variant: str) -> dict[str, Any]
     outs = tb.launch(mapped[0])
     if mapped[0] and mapped[0][0][0].is_cuda:
         torch.cuda.synchronize(mapped[0][0][0].device)
-    worst: dict[str, Any] = {"passed": True, "max_abs_err": 0.0, "tolerance": float("inf"), "table": -1}
-    worst_ratio = -1.0
-    for t, ((idx, off), out) in enumerate(zip(mapped[0], outs)):
-        idx, off = idx.long(), off.long()
-        rows, inverse = torch.unique(idx, return_inverse=True)
-        w = tb.weights[t][rows]
-        wide = (dequantize(QuantizedTable(w, tb.dims[t], tb.dtypes[t])) if tb.dtypes[t].startswith("int8")
-                else w.float()).double()
-        ref = torch.nn.functional.embedding_bag(inverse, wide, off, mode=tb.mode)
-        B = int(off.numel())
-        err = float((out.output[:B].double() - ref).abs().max()) if B and idx.numel() else 0.0
-        lengths = torch.diff(torch.cat([off, torch.tensor([idx.numel()], device=off.device)]))
-        tol = tolerance(tb.dtypes[t], variant, int(lengths.max()) if B else 1,
-                        float(wide.abs().max()) if wide.numel() else 0.0)
-        if err / tol > worst_ratio:
-            worst_ratio = err / tol
-            worst = {"passed": err <= tol, "max_abs_err": err, "tolerance": tol, "table": t}
-        if err > tol:
-            break
-    return worst
+
+    def tables() -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, str, str]]:
+        for t, ((idx, off), out) in enumerate(zip(mapped[0], outs)):
+            rows, inverse = torch.unique(idx.long(), return_inverse=True)
+            w = tb.weights[t][rows]
+            wide = (dequantize(QuantizedTable(w, tb.dims[t], tb.dtypes[t])) if tb.dtypes[t].startswith("int8")
+                    else w.float()).double()
+            yield out.output, inverse, off.long(), wide, tb.mode, tb.dtypes[t]
+
+    return _worst_table(tables(), variant)
 
 
 def _mismatch(variant: str, dataset: str, check: dict[str, Any], what: str) -> CheckMismatch:
