@@ -59,6 +59,7 @@ from characterize.errors import (
     WorkloadError,
     describe_os_error,
 )
+from characterize.files import write_atomic
 from characterize.hardware.devices import devices, require_gpu
 from characterize.hardware.specs import gpu_spec, normalize_arch
 from characterize.kernels.build import buildable_arch, cache_root, reported_builds, toolkit_record
@@ -386,12 +387,9 @@ def model_validation(code: CodeFacts | None = None, progress: Reporter | Progres
         pass
     claims = paper_claims(wl, CLAIM_ARCH, static=code.static, sass=code.sass)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}-{threading.get_ident()}.tmp")
-        claims.to_csv(tmp, index=False)
-        os.replace(tmp, path)
+        write_atomic(path, claims.to_csv(index=False))
         return pd.read_csv(path)   # as a later run reads it back, so both runs write the same file
-    except (OSError, ValueError):
+    except (OSError, ValueError):   # OutputError is a ValueError
         return claims
 
 

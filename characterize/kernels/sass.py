@@ -47,13 +47,12 @@ distinct indices the row loads of one iteration gather by.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
-import os
 import re
 import subprocess
-import threading
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -62,7 +61,8 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 import pandas as pd
 
 from characterize import toolchain
-from characterize.errors import BuildError, ToolchainNamedMissing, ToolchainNotFound
+from characterize.errors import BuildError, OutputError, ToolchainNamedMissing, ToolchainNotFound
+from characterize.files import write_atomic
 from characterize.kernels.build import (
     BuildResult,
     Toolchain,
@@ -142,10 +142,7 @@ def disassemble(path: str | Path, *, force: bool = False) -> str:
         if proc.returncode != 0:
             raise BuildError(f"{tool.path} -sass {path} failed: {(proc.stderr or proc.stdout).strip()[-2000:]}")
         text = proc.stdout
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cached.with_suffix(f".{os.getpid()}-{threading.get_ident()}.tmp")
-        tmp.write_text(text)
-        os.replace(tmp, cached)
+        write_atomic(cached, text)
     _TEXT_MEMO[memo_key] = text
     return text
 
@@ -1330,13 +1327,8 @@ def _nest_facts(code: KernelCode, loop: Loop, memory_latency: int) -> dict[str, 
             bags.append([L, round(total, 3), count])
         facts = {"bags": bags, "reference": nest_latencies(code, n, REFERENCE_L, memory_latency)[0],
                  "lanes_per_bag": n.lanes_per_bag, "tile_lookups": n.tile_lookups, "spills": _nest_spills(code, n)}
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}-{threading.get_ident()}.tmp")
-        tmp.write_text(json.dumps({"facts": facts}))
-        os.replace(tmp, path)
-    except OSError:
-        pass   # a read-only cache costs the replay next time, nothing else
+    with contextlib.suppress(OSError, OutputError):   # a read-only cache costs the replay next time, nothing else
+        write_atomic(path, json.dumps({"facts": facts}))
     return facts
 
 

@@ -534,7 +534,15 @@ def predicted_vs_measured_figure(df: pd.DataFrame, title: str, measured: str = "
     for v in variants:
         d = df[df["variant"] == v]
         ax.scatter(d[measured], d[predicted], s=22, color=variant_color(v, variants), label=_text(v, 20), zorder=3)
-    vals = pd.concat([df[measured], df[predicted]]).astype(float)
+    _log_log_diagonal(ax, pd.concat([df[measured], df[predicted]]))
+    _style(ax, title, f"predicted ({unit})", f"measured ({unit})")
+    _legend(ax, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return fig
+
+
+def _log_log_diagonal(ax, values: pd.Series) -> None:
+    """Square log-log axes around the positive `values`, with the line prediction = measurement."""
+    vals = values.astype(float)
     vals = vals[np.isfinite(vals) & (vals > 0)]
     if len(vals):
         lo, hi = float(vals.min()) / 1.5, float(vals.max()) * 1.5
@@ -543,9 +551,6 @@ def predicted_vs_measured_figure(df: pd.DataFrame, title: str, measured: str = "
         ax.set_ylim(lo, hi)
         ax.set_xscale("log")
         ax.set_yscale("log")
-    _style(ax, title, f"predicted ({unit})", f"measured ({unit})")
-    _legend(ax, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    return fig
 
 
 def trust_figure(rows: pd.DataFrame, title: str) -> Figure:
@@ -566,15 +571,7 @@ def trust_figure(rows: pd.DataFrame, title: str) -> Figure:
     if not proxies.empty:
         ax.scatter(proxies["measured_us"].astype(float), proxies["cv_predicted_us"].astype(float), s=26,
                    facecolors="none", edgecolors="#7f7f7f", label=f"proxies ({len(proxies)})", zorder=2)
-    vals = pd.concat([rows["measured_us"], rows["band_low_us"], rows["band_high_us"]]).astype(float)
-    vals = vals[np.isfinite(vals) & (vals > 0)]
-    if len(vals):
-        lo, hi = float(vals.min()) / 1.5, float(vals.max()) * 1.5
-        ax.plot([lo, hi], [lo, hi], color="black", linestyle="--", linewidth=0.8, label="prediction = measurement")
-        ax.set_xlim(lo, hi)
-        ax.set_ylim(lo, hi)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
+    _log_log_diagonal(ax, pd.concat([rows["measured_us"], rows["band_low_us"], rows["band_high_us"]]))
     _style(ax, title, "predicted, held out (µs)", "measured (µs)")
     _legend(ax, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return fig
