@@ -118,3 +118,17 @@ def test_every_table_in_one_forward(dtype):
         assert torch.allclose(out.output, ref, atol=1e-4), dtype
     with pytest.raises(UnsupportedShape, match="same number of bags"):
         tb.map_batch([batch[0], batch[1], (batch[2][0][:5], torch.tensor([0, 2]))])
+
+
+@needs_fbgemm
+def test_a_check_fbgemm_skips_is_said_skipped_not_failed():
+    """FBGEMM's CPU forward has no bf16 rows: the check is skipped with the reason, and the
+    progress line says so too (a skipped check is not a failure)."""
+    lines: list[str] = []
+    results = check_variants(["fbgemm", "base"], ["random"], modes=("sum",), dtypes=["bf16"], backend="emulate",
+                             progress=lines.append)
+    fb = [r for r in results if r.variant == "fbgemm"]
+    assert fb and all(r.passed is None for r in fb)
+    said = [ln for ln in lines if ln.startswith("fbgemm")]
+    assert said and all("skipped" in ln and "FAIL" not in ln for ln in said), said
+    assert any(ln.startswith("base") and " ok" in ln for ln in lines)
