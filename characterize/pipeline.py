@@ -18,6 +18,7 @@ import functools
 import hashlib
 import json
 import os
+import pickle
 import shlex
 import sys
 import threading
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+import numpy as np
 import pandas as pd
 
 from characterize.analysis.calibrate import Calibration, fit_run, save_calibration, timed_gpu
@@ -322,6 +324,14 @@ def _predict(exp: ExperimentConfig, archs: Sequence[str] | None = None, *, code:
                               also_dtypes=exp.dtypes)
     rep = as_reporter(progress)
     custom = user_sass(exp, gpu_archs, rep)
+    key = None
+    if profiles is None:   # the whole experiment (every precision): kept in the build cache
+        key = _predictions_key(exp, targets, code, custom, cache_ratios, mode)
+        kept = _kept_predictions(key)
+        if kept is not None:
+            with rep.task(f"predictions for {', '.join(targets)}") as task:
+                task.finish(f"{len(kept)} point(s), kept from an earlier run of the same inputs")
+            return kept
     with rep.task(f"predictions for {', '.join(targets)}", total=len(exp.datasets), unit="datasets") as task:
         per = PerMessage(task, len(exp.datasets))
         profiles = {} if profiles is None else profiles   # the traces' locality, shared by every dtype
@@ -338,6 +348,44 @@ def _predict(exp: ExperimentConfig, archs: Sequence[str] | None = None, *, code:
         df = pd.concat([df, predict(other, targets, code=code, progress=progress, cache_ratios=cache_ratios,
                                     profiles=profiles, mode=mode)],
                        ignore_index=True)
+    return df if key is None else _keep_predictions(key, df)
+
+
+def _predictions_key(exp: ExperimentConfig, targets: Sequence[str], code: CodeFacts, custom: Mapping[str, Any],
+                     cache_ratios: Sequence[float] | None, mode: str | Sequence[str]) -> str:
+    """Everything an experiment's predictions depend on, digested: the experiment, the
+    targets, the kernels' facts, the package's code and data, the stored calibrations and
+    each trace file's identity (path, size, modification time)."""
+    h = hashlib.sha256(_package_digest().encode())
+    h.update(json.dumps([exp.to_dict(), list(targets), list(cache_ratios or []), mode, custom, pd.__version__,
+                         np.__version__], sort_keys=True, default=str).encode())
+    for frame in (code.static, code.sass):
+        h.update(b"|" + (frame.to_csv(index=False).encode() if frame is not None else b""))
+    for spec in exp.datasets:
+        parsed = parse_dataset(spec)
+        if not isinstance(parsed, Hotness):
+            with contextlib.suppress(OSError):
+                st = Path(parsed).stat()
+                h.update(f"{Path(parsed).resolve()}:{st.st_size}:{st.st_mtime_ns}".encode())
+    _digest_calibrations(h)
+    return h.hexdigest()[:24]
+
+
+def _kept_predictions(key: str) -> pd.DataFrame | None:
+    """Predictions an earlier run stored under `key`, or None (a damaged entry is None).
+    Pickled, as the in-memory frame is (empty notes stay empty strings, attrs stay): the
+    build cache is trusted like the libraries it holds, which are loaded as they are."""
+    try:
+        df = pd.read_pickle(cache_root() / "predictions" / f"{key}.pkl")
+    except Exception:   # noqa: BLE001 - truncated, foreign or from another pandas: computed again
+        return None
+    return df if isinstance(df, pd.DataFrame) else None
+
+
+def _keep_predictions(key: str, df: pd.DataFrame) -> pd.DataFrame:
+    """Store `df` under `key` (a read-only cache keeps nothing; the predictions stand)."""
+    with contextlib.suppress(OSError, ValueError):   # OutputError is a ValueError
+        write_atomic(cache_root() / "predictions" / f"{key}.pkl", pickle.dumps(df, protocol=pickle.HIGHEST_PROTOCOL))
     return df
 
 
@@ -400,11 +448,16 @@ def _claims_key(code: CodeFacts) -> str:
         if frame is not None and not frame.empty and {"variant", "arch"} <= set(frame.columns):
             rows = frame[frame["variant"].isin(CLAIM_VARIANTS) & (frame["arch"] == CLAIM_ARCH)]
             h.update(rows.to_csv(index=False).encode())
+    _digest_calibrations(h)
+    return h.hexdigest()[:24]
+
+
+def _digest_calibrations(h: Any) -> None:
+    """Feed the stored calibrations (the model's constants per GPU) to the digest `h`."""
     folder = calibration_dir()
     for f in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         with contextlib.suppress(OSError):
             h.update(f.name.encode() + f.read_bytes())
-    return h.hexdigest()[:24]
 
 
 @functools.lru_cache(maxsize=1)

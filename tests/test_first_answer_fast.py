@@ -74,3 +74,54 @@ def test_device_code_builds_read_like_the_library():
     for name in a:
         assert [i.text for i in a[name].instructions] == [i.text for i in b[name].instructions], name
     assert "(device code)" in dev.spec.label() and BuildSpec("emulate", output="cubin").output == "library"
+
+
+def test_an_experiments_predictions_are_kept_and_recomputed_when_an_input_changes(tmp_path, monkeypatch):
+    """A second run of the same inputs reads the predictions an earlier one kept (a warm
+    `characterize run` does no trace analysis); a trace file rewritten, a damaged entry or
+    a stored calibration makes them computed again."""
+    import dataclasses
+    import json
+    import os
+
+    from characterize import pipeline
+    from characterize.config import ExperimentConfig
+    from characterize.workloads.traces import generate, write_trace
+
+    monkeypatch.setattr(pipeline, "cache_root", lambda: tmp_path / "cache")
+    monkeypatch.setenv("CHARACTERIZE_CALIBRATION", str(tmp_path / "calibration"))
+    trace = write_trace(generate("high", WL), tmp_path / "mine.npz")
+    exp = pipeline.check_experiment(ExperimentConfig(workload=WL, datasets=("medium", str(trace)),
+                                                     variants=("base", "warp"), archs=("sm_80",), dtypes=("fp16",)))
+    code = pipeline.CodeFacts(WL.D, pd.concat([static(), static().assign(dtype="fp16")]),
+                              pd.concat([sass(), sass().assign(dtype="fp16")]))
+    computed = []
+    real = pipeline.model_predictions
+    monkeypatch.setattr(pipeline, "model_predictions", lambda *a, **k: computed.append(1) or real(*a, **k))
+
+    first = pipeline.predict(exp, code=code)
+    assert len(computed) == 2 and set(first["dtype"]) == {"fp32", "fp16"}   # one per precision
+    kept = pipeline.predict(exp, code=code)
+    assert len(computed) == 2
+    pd.testing.assert_frame_equal(kept, first)
+    assert kept.attrs == first.attrs
+
+    write_trace(generate("random", WL), trace)                    # the same file, new lookups
+    os.utime(trace, ns=(1, 1))
+    fresh = pipeline.predict(exp, code=code)
+    assert len(computed) == 4
+    mine = fresh["dataset"] == str(trace)
+    assert list(fresh[mine]["time_us"]) != list(first[first["dataset"] == str(trace)]["time_us"])
+
+    for entry in (tmp_path / "cache" / "predictions").glob("*.pkl"):
+        entry.write_bytes(entry.read_bytes()[:100])                 # damaged: truncated
+    pd.testing.assert_frame_equal(pipeline.predict(exp, code=code), fresh)
+    assert len(computed) == 6
+    from characterize.analysis.model.constants import ModelConstants
+    from characterize.hardware.specs import gpu_spec
+
+    (tmp_path / "calibration").mkdir()                            # a calibration changes the constants
+    consts = dataclasses.replace(ModelConstants.defaults(gpu_spec("sm_80")), pinned_hit=0.5)
+    (tmp_path / "calibration" / "a100-80gb.json").write_text(json.dumps({"constants": consts.to_dict()}))
+    pipeline.predict(exp, code=code)
+    assert len(computed) == 8
