@@ -144,6 +144,8 @@ _SASS = _cols(
     "bag_instructions | | instructions a warp issues per task by bag length L, a JSON object",
     "nest_rows_in_flight | count | row loads per warp per latency over the whole loop nest at L = 150",
     "spills_in_nest | count | LDL/STL anywhere in the loop nest",
+    "setup_latencies | count | memory latencies a warp serializes once per run of tasks beyond the tasks (a loop "
+    "around the loop over bags: tbe's switch to the next table of a warp's slice), in a row's latency",
 )
 
 _PREDICTIONS = _cols(

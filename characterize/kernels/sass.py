@@ -822,6 +822,8 @@ class LoopRow:
     bag_instructions: dict[int, int] = field(default_factory=dict)  # L -> instructions per task
     nest_rows_in_flight: float | None = None  # row loads per latency over the whole nest at REFERENCE_L
     spills_in_nest: int = 0         # LDL/STL anywhere in the nest's task path at REFERENCE_L
+    setup_latencies: float = 0.0    # row latencies a run of tasks waits beyond its tasks (an outer loop's own
+                                    # loads: tbe's switch to a table), once per run, not per task
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -1000,8 +1002,11 @@ INDEX_LATENCY_RATIO = 0.1
 class Nest:
     """The loops one lookup kernel runs a bag through: the hot loop, the loop that
     loads a tile of indices for it (if any: its index loads feed the hot loop's gathers
-    through registers or shuffles), and the outermost loop around them (the loop over
-    bags or (bag, chunk) tasks; None when the kernel body runs one task)."""
+    through registers or shuffles), and the loop over tasks around them (bags or (bag,
+    chunk) tasks; None when the kernel body runs one task). With a tile loop, the loop
+    over tasks is the one right around it, and loops around that one are `outer`: they
+    set a run of tasks up (tbe's loop over the tables of a warp's slice of tasks), once
+    per run, not once per bag."""
 
     hot: Loop
     tile: Loop | None
@@ -1012,6 +1017,7 @@ class Nest:
     row_mnemonics: frozenset[str]  # how the hot loop gathers rows (its remainder code elsewhere does alike)
     load_mnemonics: frozenset[str] = frozenset()  # every global load of the hot loop (to tell its remainder)
     tile_loads: frozenset[int] = frozenset()      # the tile loop's index loads (each lane a different index)
+    outer: Loop | None = None                     # the outermost loop around the loop over tasks, if any
 
 
 def _forest(code: KernelCode) -> tuple[dict[int, Block], dict[int, Loop], dict[int, int | None]]:
@@ -1103,11 +1109,15 @@ def loop_nest(code: KernelCode, hot: Loop | None = None) -> Nest | None:
         if tile_loads:
             tile = p
             tile_lookups = lanes * sum(max(1, i.width_bits // 64) for i in tile_loads)
-    root = loops[chain[-1]] if len(chain) > 1 else None
+    # the loop over tasks: the outermost one, except that with a tile loop it is the loop
+    # right around the tile (the tile walks a bag's indices, its parent moves to the next bag)
+    at = min(len(chain) - 1, 2) if tile is not None else len(chain) - 1
+    root = loops[chain[at]] if len(chain) > 1 else None
+    outer = loops[chain[-1]] if len(chain) - 1 > at else None
     rows = frozenset(i.mnemonic for i in hot.path if i.address in cls.row_loads)
     loads = frozenset(i.mnemonic for i in hot.path if i.is_global_load)
     return Nest(hot, tile, root, lanes, tile_lookups, max(1, cls.lookups), rows, loads,
-                frozenset(i.address for i in tile_loads) if tile is not None else frozenset())
+                frozenset(i.address for i in tile_loads) if tile is not None else frozenset(), outer)
 
 
 def _choose(blocks: dict[int, Block], block: Block, inside: list[int], avoid: frozenset[str]) -> int:
@@ -1202,8 +1212,8 @@ def _reaches(blocks: dict[int, Block], source: int, target: int, region: frozens
     return False
 
 
-def nest_latencies(code: KernelCode, nest: Nest, L: int, memory_latency: int = MEMORY_LATENCY
-                   ) -> tuple[float, int]:
+def nest_latencies(code: KernelCode, nest: Nest, L: int, memory_latency: int = MEMORY_LATENCY,
+                   from_outer: bool = False) -> tuple[float, int]:
     """(memory latencies a warp serializes, instructions it issues) for one task of the
     nest (one bag per lane group: a warp's 32 / lanes_per_bag bags, or a (bag, chunk)
     for a thread-per-feature kernel) with bags of L lookups: the root's steady path with
@@ -1214,7 +1224,9 @@ def nest_latencies(code: KernelCode, nest: Nest, L: int, memory_latency: int = M
     remainder code of the unrolled hot loop passed where a path around it exists. Rows
     and tile index loads take the memory latency; every other load (a lane-uniform index
     or offset stream, 8 bytes a step through 128-byte lines) takes INDEX_LATENCY_RATIO of
-    it, since most of them hit L1: the waits are in units of a row's latency."""
+    it, since most of them hit L1: the waits are in units of a row's latency.
+    `from_outer`: one iteration of the outer loop instead, its loop over tasks run once
+    (what a run of tasks costs beyond its tasks is the difference)."""
     blocks, loops, parent = _forest(code)
     hot = nest.hot
     tile = nest.tile_lookups
@@ -1246,7 +1258,7 @@ def nest_latencies(code: KernelCode, nest: Nest, L: int, memory_latency: int = M
             return inner * trips
         return inner
 
-    root = nest.root
+    root = nest.outer if from_outer and nest.outer is not None else nest.root
     start = None if root is not None else code.instructions[0].address
     task = _walk_once(blocks, loops, parent, root, lambda x: child(x, chunks[0] if tile else L), nest.load_mnemonics,
                       start=start, after=after)
@@ -1297,6 +1309,7 @@ def analyze_kernel(code: KernelCode, *, nest: bool = True, **kw: Any) -> LoopRow
     in_flight = REFERENCE_L * bags * loads_per_lookup / ref_lat if ref_lat > 0 else None
     return dataclasses.replace(row, lanes_per_bag=facts["lanes_per_bag"], tile_lookups=facts["tile_lookups"],
                                bag_latencies=lat, bag_instructions=ins, spills_in_nest=facts["spills"],
+                               setup_latencies=float(facts.get("setup", 0.0)),
                                nest_rows_in_flight=None if in_flight is None else round(in_flight, 2))
 
 
@@ -1325,7 +1338,11 @@ def _nest_facts(code: KernelCode, loop: Loop, memory_latency: int) -> dict[str, 
         for L in NEST_L:
             total, count = nest_latencies(code, n, L, memory_latency)
             bags.append([L, round(total, 3), count])
-        facts = {"bags": bags, "reference": nest_latencies(code, n, REFERENCE_L, memory_latency)[0],
+        reference = nest_latencies(code, n, REFERENCE_L, memory_latency)[0]
+        setup = 0.0
+        if n.outer is not None:   # the outer loop's own waits: once per run of tasks
+            setup = max(0.0, nest_latencies(code, n, REFERENCE_L, memory_latency, from_outer=True)[0] - reference)
+        facts = {"bags": bags, "reference": reference, "setup": round(setup, 3),
                  "lanes_per_bag": n.lanes_per_bag, "tile_lookups": n.tile_lookups, "spills": _nest_spills(code, n)}
     with contextlib.suppress(OSError, OutputError):   # a read-only cache costs the replay next time, nothing else
         write_atomic(path, json.dumps({"facts": facts}))
@@ -1334,7 +1351,8 @@ def _nest_facts(code: KernelCode, loop: Loop, memory_latency: int) -> dict[str, 
 
 def _nest_spills(code: KernelCode, nest: Nest) -> int:
     """LDL/STL inside the loops of the nest (the root's blocks, or the hot loop's)."""
-    region = nest.root.blocks if nest.root is not None else nest.hot.blocks
+    top = nest.outer or nest.root
+    region = top.blocks if top is not None else nest.hot.blocks
     blocks = _blocks(code)
     return sum(1 for b in region for i in blocks[b].instructions if i.opcode in LOCAL_MEMORY)
 

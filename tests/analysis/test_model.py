@@ -407,3 +407,23 @@ def test_hot_rows_never_read_again_after_the_warm_up_batch_are_a_window_that_kee
     kept, rest = prof.window(5, "steady")
     assert kept == 0.0 and rest.size == 0
     assert prof.warm_start(5, "steady", 32.0, 8.0).size == 0
+
+
+def test_tbe_waits_for_its_table_switch_once_per_run_of_bags_not_once_per_bag():
+    """tbe's loop over the tables of a warp's slice (a descriptor, the first offsets and
+    tile: `setup_latencies` in its SASS row) costs each warp once per table it meets: every
+    bag when there are fewer bags than warps, a small share of a bag when each warp
+    gathers many."""
+    def per_lookup(B: int, setup: float | None) -> float:
+        rows = sass()
+        if setup is not None:
+            rows.loc[rows["variant"] == "tbe", "setup_latencies"] = setup
+        wl = WorkloadConfig(T=3, E=50_000, B=B, L=20, batches=2)
+        df = MP.predict(wl, ["random"], ["tbe"], ["sm_80"], static=static(), sass=rows)
+        return float(df[df["variant"] == "tbe"]["latencies_per_lookup"].iloc[0])
+
+    assert (sass()[sass()["variant"] == "tbe"]["setup_latencies"] > 0).all()
+    few = per_lookup(97, 2.0) - per_lookup(97, 0.0)          # 291 bags on 2,592 warps: one table each
+    many = per_lookup(40_000, 2.0) - per_lookup(40_000, 0.0)  # 120,000 bags: ~46 per warp
+    assert few == pytest.approx(2.0 / 20, rel=0.02)
+    assert many == pytest.approx(2.0 / 20 * (2_592 + 2) / 120_000, rel=0.05)

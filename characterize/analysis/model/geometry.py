@@ -262,6 +262,9 @@ def _prepare(workload: WorkloadConfig, datasets: Sequence[str], variants: Sequen
                 lat = per_bag(k.bag_latencies, runs)
                 ins = per_bag(k.bag_instructions, runs)
                 task_lat, task_ins = float(lat.mean()), float(ins.mean())
+                if k.setup_latencies > 0:   # once per run of tasks: each warp's slice, split at table boundaries
+                    warps = geo["blocks"] * geo["warps_per_block"]
+                    task_lat += k.setup_latencies * min(1.0, (warps + tpl - 1) / max(geo["tasks"], 1.0))
                 p = v.resolve_params(params.get(name), gpu=gpu, row_bytes=workload.row_bytes, rows=workload.E)
                 rs = sectors_per_row(workload.row_bytes) * SECTOR
                 N, B = prof.lookups_per_launch, prof.bags

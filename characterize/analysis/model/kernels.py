@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -65,6 +66,8 @@ class KernelFacts:
     row_load_bits: int = 0       # width of one lane's row load: with the lanes sharing a row, the contiguous
                                  # bytes one warp request reads
     run_bags: int = 1            # consecutive bags a lane group gathers as one stream (tbe's short path)
+    setup_latencies: float = 0.0  # row latencies a warp waits once per run of tasks, beyond the tasks (an outer
+                                  # loop's own loads: tbe's switch to the next table of its slice)
     index_pass: bool = False     # a kernel of its own reads every index before the lookup (FBGEMM's bounds check)
 
     def request_bytes(self, row_bytes: int) -> float:
@@ -110,6 +113,15 @@ def _int(v: Any) -> int:
         return 0
 
 
+def _float(v: Any) -> float:
+    """A finite number of a row (0 where the column is missing or empty: rows written before it)."""
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return 0.0
+    return f if math.isfinite(f) else 0.0
+
+
 def ours(v: Variant, gpu: GpuSpec, wl: WorkloadConfig, static: pd.DataFrame, sass: pd.DataFrame,
          params: Mapping[str, Any] | None = None) -> KernelFacts:
     """Our compiled variant (or a host-resident one, which runs base's kernel) from the
@@ -152,7 +164,7 @@ def ours(v: Variant, gpu: GpuSpec, wl: WorkloadConfig, static: pd.DataFrame, sas
         output_bytes=4, symbol=str(k.get("kernel", "")),
         note="; ".join(n for n in (note, "" if code_arch == gpu.arch else f"code facts of {code_arch} (no build "
                                     f"for {gpu.arch})") if n),
-        run_bags=run_bags,
+        run_bags=run_bags, setup_latencies=_float(k.get("setup_latencies")),
         load_bits=_json(k.get("load_bits")), row_load_bits=_int(k.get("row_load_bits")))
 
 
@@ -231,4 +243,5 @@ def user(v: Variant, gpu: GpuSpec, wl: WorkloadConfig, rows: Mapping[str, Mappin
         symbol=str(r.get("symbol", "")),
         note=f"your kernel {str(r.get('kernel', ''))[:60]} ({where}, sha256 {str(r.get('sha256', ''))[:12]})"
              + ("" if code_arch == gpu.arch else f"; code of {code_arch}"),
-        load_bits=_json(r.get("load_bits")), row_load_bits=_int(r.get("row_load_bits")))
+        load_bits=_json(r.get("load_bits")), row_load_bits=_int(r.get("row_load_bits")),
+        setup_latencies=_float(r.get("setup_latencies")))
