@@ -96,8 +96,10 @@ class TrainingLibrary(CudaLibrary):
 _OPEN: dict[str, TrainingLibrary] = {}
 
 
-def training_spec(backend: str, arch: str | None = None, dtype: str = "fp32") -> BuildSpec:
-    return BuildSpec(backend, arch, None, dtype, source=TRAINING_SOURCE)
+def training_spec(backend: str, arch: str | None = None, dtype: str = "fp32", output: str = "library") -> BuildSpec:
+    """The training library's build; `output="cubin"`: its device code alone, what the
+    static facts and the SASS read (the same kernels and resources, no host compile)."""
+    return BuildSpec(backend, arch, None, dtype, source=TRAINING_SOURCE, output=output)
 
 
 def load_training_library(device: torch.device, dtype: str = "fp32") -> TrainingLibrary:
@@ -348,10 +350,10 @@ def training_static(kernels: Iterable[str] | None = None, archs: Iterable[str] =
     architecture (256-thread blocks), from ptxas as the forward's static rows."""
     chosen = _kernels(kernels)
     arch_list = [normalize_arch(a) for a in archs]
-    results = build_many([training_spec("cuda", a, dtype) for a in arch_list])
+    results = build_many([training_spec("cuda", a, dtype, "cubin") for a in arch_list])
     rows = []
     for a in arch_list:
-        result = results[training_spec("cuda", a, dtype)]
+        result = results[training_spec("cuda", a, dtype, "cubin")]
         for k in chosen:
             res = result.resources(k.kernel_name(D))
             occ = theoretical_occupancy(ARCHS[a], BLOCK, res.registers, res.shared_mem)
@@ -367,10 +369,10 @@ def training_sass(kernels: Iterable[str] | None = None, archs: Iterable[str] = D
     gathers), index loads, atomics, spills, latencies serialized per iteration."""
     chosen = _kernels(kernels)
     arch_list = [normalize_arch(a) for a in archs]
-    results = build_many([training_spec("cuda", a, dtype) for a in arch_list])
+    results = build_many([training_spec("cuda", a, dtype, "cubin") for a in arch_list])
     rows = []
     for a in arch_list:
-        result = results[training_spec("cuda", a, dtype)]
+        result = results[training_spec("cuda", a, dtype, "cubin")]
         kernels_in(result.library)
         for k in chosen:
             name = k.kernel_name(D)

@@ -235,6 +235,18 @@ def test_hot_loops_keep_their_claims_on_sm80_and_sm90():
 
 
 @needs_tools
+def test_the_static_facts_read_the_device_code_of_the_library_a_gpu_loads():
+    """The facts come from a device-code build (no host compile); the library a GPU loads,
+    host side linked, holds the same kernels with the same resources."""
+    from characterize.kernels.build import build
+
+    lib = build(tr.training_spec("cuda", "sm_80"))
+    dev = build(tr.training_spec("cuda", "sm_80", output="cubin"))
+    assert lib.library.suffix == ".so" and dev.library.name.endswith(".cubin")
+    assert lib.kernels == dev.kernels and len(lib.kernels) > 10
+
+
+@needs_tools
 def test_the_atomic_loop_is_found_by_its_scatters():
     """The SASS analysis counts atomics and takes a loop that only scatters as a hot loop."""
     (row,) = tr.training_sass(["cuda-atomic"], archs=["sm_80"], D=33)
