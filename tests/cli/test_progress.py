@@ -285,9 +285,11 @@ def test_the_locality_step_counts_datasets_and_failures(tmp_path):
     assert any(i.startswith("medium: ") and "unique of" in i for i in task["items"])
 
 
-def test_predictions_advance_once_per_dataset(monkeypatch):
-
+def test_predictions_advance_once_per_dataset(monkeypatch, tmp_path):
+    """Computed (an empty build cache: not predictions another test kept), one step per dataset."""
     from characterize import pipeline
+
+    monkeypatch.setenv("CHARACTERIZE_CACHE", str(tmp_path))
 
     exp = pipeline.load_experiment("quick")
     code = pipeline.CodeFacts(exp.workload.D, static(), sass())   # the committed run's real facts
