@@ -24,15 +24,15 @@ def test_wheel_installs_and_runs_outside_the_repository(tmp_path):
     assert r.returncode == 0, r.stderr
     (wheel,) = wheels.glob("characterize-*.whl")
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)  # this pip installs
     vpy = venv / "bin" / "python"
     # Dependencies come from this environment's site-packages through a .pth file; the
     # editable install of the repository is not visible there (its own .pth is not read).
     site = subprocess.run([str(vpy), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           capture_output=True, text=True, check=True).stdout.strip()
     Path(site, "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    r = subprocess.run([str(vpy), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
-                       capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "pip", "--python", str(vpy), "install", "-q", "--no-deps", "--no-index",
+                        str(wheel)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     empty = tmp_path / "empty"
     empty.mkdir()

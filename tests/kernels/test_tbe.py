@@ -257,8 +257,8 @@ def test_the_loop_nest_keeps_its_rows_in_flight(arch, dtype):
     the tile loop around it loads the next tile's index before the step's rows and reads it only
     after them (the prefetch); over a whole bag of 150 (long path) and a run of 31 one-row bags
     (short path), index and offset loads counted, the warp keeps >= 8 rows in flight (fp32) and
-    >= 6 (int8)."""
-    result = build(BuildSpec("cuda", arch, None, dtype, source=TBE_SOURCE))
+    >= 6 (int8). The device code alone, as the build tests above read it."""
+    result = build(BuildSpec("cuda", arch, None, dtype, source=TBE_SOURCE, output="cubin"))
     kernel = get_variant("tbe").kernel_name({}, 128, dtype)
     hot, tile = _nest(result, kernel)
     cls = S.classify(hot.path)

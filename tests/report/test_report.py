@@ -543,8 +543,14 @@ def no_gpu_run(tmp_path_factory) -> Path:
     return path
 
 
-def test_nothing_measured_the_headline_shows_predictions_with_bands(no_gpu_run):
-    html = report_html([no_gpu_run], strict=True)
+@pytest.fixture(scope="module")
+def no_gpu_html(no_gpu_run) -> str:
+    """That run's report, rendered once for the tests that only read it."""
+    return report_html([no_gpu_run], strict=True)
+
+
+def test_nothing_measured_the_headline_shows_predictions_with_bands(no_gpu_html):
+    html = no_gpu_html
     head = panel_html(html, "s1-headline")
     assert not is_missing(html, "s1-headline")
     assert "MODEL&#39;S PREDICTIONS, not measurements" in head and "PREDICTED speedup over base on a100-80gb" in head
@@ -553,8 +559,8 @@ def test_nothing_measured_the_headline_shows_predictions_with_bands(no_gpu_run):
 
 
 @pytest.mark.slow
-def test_sass_panel_sets_the_hot_loop_beside_the_model(no_gpu_run, tmp_path):
-    html = report_html([no_gpu_run], strict=True)
+def test_sass_panel_sets_the_hot_loop_beside_the_model(no_gpu_run, no_gpu_html, tmp_path):
+    html = no_gpu_html
     sass = panel_html(html, "s1-sass")
     assert not is_missing(html, "s1-sass") and "<figure" in sass
     for text in ("rows in flight (SASS)", "model assumes", "4 × 64-bit, 4 × 32-bit", "8 × 128-bit", "2.12",
@@ -574,11 +580,11 @@ def test_sass_panel_sets_the_hot_loop_beside_the_model(no_gpu_run, tmp_path):
     assert is_missing(html, "s1-sass") and "no sass.csv in the run directory" in panel_html(html, "s1-sass")
 
 
-def test_the_answer_is_the_first_box(no_gpu_run):
+def test_the_answer_is_the_first_box(no_gpu_run, no_gpu_html):
     """Above everything else: per dataset and GPU what to use, by how much (with the band),
     what limits it, the whole step, and how the number was obtained; the same rows as
     analysis.answer gives the terminal and the notebook."""
-    html = report_html([no_gpu_run], strict=True)
+    html = no_gpu_html
     start = html.index('<section class="answer')
     assert start < html.index("Where the numbers come from") < html.index('<div class="panel')
     box = html[start:html.index("</section>", start)]
@@ -596,13 +602,13 @@ def test_the_answer_is_the_first_box(no_gpu_run):
     assert "GMAE is 21% on 12 public measurements, 58% of them inside its band" in box
 
 
-def test_the_headline_beside_the_paper_only_for_its_configuration(no_gpu_run):
-    head = panel_html(report_html([no_gpu_run], strict=True), "s1-headline")
+def test_the_headline_beside_the_paper_only_for_its_configuration(no_gpu_html):
+    head = panel_html(no_gpu_html, "s1-headline")
     assert "up to +103%" in head and "<figure" in head   # the paper run: its claims, and the chart with bands
 
 
-def test_provenance_is_said_once_per_section(no_gpu_run):
-    html = report_html([no_gpu_run], strict=True)
+def test_provenance_is_said_once_per_section(no_gpu_html):
+    html = no_gpu_html
     sec = html[html.index('id="s1-sec-workload-locality"'):html.index('id="s1-locality"')]
     assert "Source of every panel below" in sec and "trace analysis" in sec
     assert 'class="badges"' not in panel_html(html, "s1-locality")
@@ -629,8 +635,17 @@ def test_memory_columns_are_honest_in_the_report(small_run):
     assert "100.0%*" in memory and "no traffic" in memory and "artifact of its sector accounting" in memory
 
 
-def test_rules_are_a_ranked_matrix_beside_their_sections(ncu_fixtures):
-    html = report_html([ncu_fixtures / "h800_sglang.ncu-rep"], strict=True)
+@pytest.fixture(scope="module")
+def sglang_html() -> str:
+    """The report of a real H800 Nsight Compute file, rendered once for the tests that only read it."""
+    path = fixtures_dir() / "h800_sglang.ncu-rep"
+    if not path.is_file():
+        pytest.skip(f"real Nsight Compute reports not found in {path.parent} (they live beside the repository)")
+    return report_html([path], strict=True)
+
+
+def test_rules_are_a_ranked_matrix_beside_their_sections(sglang_html):
+    html = sglang_html
     rules = panel_html(html, "s1-rules")
     assert "finding(s) x 5 kernel(s), ranked" in rules and "est. speedup, time-weighted" in rules
     first = re.search(r"<tbody>\s*<tr><td[^>]*>([^<]*)</td>", rules).group(1)
@@ -642,8 +657,8 @@ def test_rules_are_a_ranked_matrix_beside_their_sections(ncu_fixtures):
         assert "ncu rule findings on this" in part and topic in part, pid
 
 
-def test_import_first_answer_and_kernel_labels(ncu_fixtures):
-    html = report_html([ncu_fixtures / "h800_sglang.ncu-rep"], strict=True)
+def test_import_first_answer_and_kernel_labels(sglang_html):
+    html = sglang_html
     time_ = panel_html(html, "s1-time")
     assert "The kernel that matters is #3 distribution_el…ride_kernel (4 of 4)" in time_
     assert "compute-bound" in time_ and "not selected" in time_
