@@ -28,7 +28,25 @@ def pytest_xdist_auto_num_workers(config):
     return 1 if HAS_GPU else None
 
 
+#: the files that take longest (wall time, from an empty build cache), longest first. pytest-xdist
+#: hands out whole files in collection order, so these go first: a long file handed out last
+#: would be the run's tail on one core, and the ones that wait (on Slurm daemons, a browser,
+#: killed processes) wait while the other workers compute. The rest keep their order.
+START_FIRST = (
+    "measure/test_slurm.py", "report/test_browser.py", "measure/test_runner.py", "report/test_report.py",
+    "kernels/test_sass.py", "kernels/test_tbe.py", "kernels/test_training.py", "kernels/test_precision.py",
+    "measure/test_hygiene.py", "test_hostile.py", "test_wheel.py", "test_pipeline.py",
+    "analysis/test_validation.py",
+)
+
+
+def _start_rank(item) -> int:
+    path = item.nodeid.split("::")[0].removeprefix("tests/")
+    return START_FIRST.index(path) if path in START_FIRST else len(START_FIRST)
+
+
 def pytest_collection_modifyitems(config, items):
+    items.sort(key=_start_rank)   # stable: within a file, and among the rest, the collected order
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
     skip_slow = pytest.mark.skip(reason="slow: run with --slow (CI does)")
     for item in items:
