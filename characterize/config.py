@@ -32,11 +32,12 @@ else:  # pragma: no cover
 class DType:
     """One table element type: how a row is stored, and the code the CUDA sources know
     it by. int8 rows are row-wise quantized, as FBGEMM stores them: D uint8 values, then
-    the row's scale and bias (value = q x scale + bias)."""
+    the row's scale and bias (value = q x scale + bias); fp8 rows hold D e4m3 values, then
+    the row's fp32 scale (value = e4m3 x scale)."""
 
     name: str
     element_bytes: int   # bytes per stored element
-    qparam_bytes: int    # bytes of the scale and bias after an int8 row's values (0 for the others)
+    qparam_bytes: int    # bytes of the scale (and bias) after a quantized row's values (0 for the others)
     code: int            # CHZ_DTYPE in kernels/chz_compat.cuh (tests read the header against this)
     note: str
 
@@ -48,7 +49,11 @@ DTYPES: dict[str, DType] = {d.name: d for d in (
     DType("bf16", 2, 0, 2, "16-bit brain floats"),
     DType("int8", 1, 8, 3, "row-wise int8 with an fp32 scale and bias"),
     DType("int8h", 1, 4, 4, "row-wise int8 with an fp16 scale and bias"),
+    DType("fp8", 1, 4, 5, "fp8 e4m3 with a row-wise fp32 scale (the tbe kernel reads it)"),
 )}
+
+#: dtypes whose rows carry a scale (and bias) after their values
+QUANTIZED = tuple(d.name for d in DTYPES.values() if d.qparam_bytes)
 
 
 def dtype_spec(name: str) -> DType:
@@ -57,7 +62,8 @@ def dtype_spec(name: str) -> DType:
         return DTYPES[name]
     except (KeyError, TypeError):
         raise ConfigError(f"dtype {name!r} is not supported; use one of {', '.join(DTYPES)} "
-                          "(int8: row-wise with fp32 scale and bias; int8h: with fp16 scale and bias)") from None
+                          "(int8: row-wise with fp32 scale and bias; int8h: with fp16 scale and bias; "
+                          "fp8: e4m3 with an fp32 scale per row, tbe only)") from None
 
 
 MODES = ("sum", "mean")

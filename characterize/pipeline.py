@@ -313,8 +313,10 @@ def _predict(exp: ExperimentConfig, archs: Sequence[str] | None = None, *, code:
     for t in targets:  # a prediction for a GPU the workload cannot fit is refused, not made up
         check_fit(exp, gpu_spec(t))
     gpu_archs = list(dict.fromkeys(gpu_spec(a).arch for a in targets))
-    # host-resident variants run base's kernel: base's code facts are theirs
-    names = list(dict.fromkeys(["base", *(v for v in exp.variants if get_variant(v).host == "none")]))
+    # host-resident variants run base's kernel: base's code facts are theirs (and every row's reference,
+    # where base reads the tables: not fp8, which tbe alone reads)
+    ref = ["base"] if _reads("base", exp.workload) else []
+    names = list(dict.fromkeys([*ref, *(v for v in exp.variants if get_variant(v).host == "none")]))
     dtype = exp.workload.dtype
     if code is None or not code.covers(names, gpu_archs, exp.workload.D, dtype):
         # an architecture this nvcc cannot build (CUDA 13: Volta) is modelled from the closest one it can
@@ -345,6 +347,8 @@ def _predict(exp: ExperimentConfig, archs: Sequence[str] | None = None, *, code:
         wl = exp.workload.replace(dtype=dt)
         other = dataclasses.replace(exp, workload=wl, dtypes=(), variants=tuple(v for v in exp.variants
                                                                                 if _reads(v, wl)))
+        if not other.variants:   # none of the experiment's variants reads this dtype (fp8: tbe alone)
+            continue
         df = pd.concat([df, predict(other, targets, code=code, progress=progress, cache_ratios=cache_ratios,
                                     profiles=profiles, mode=mode)],
                        ignore_index=True)

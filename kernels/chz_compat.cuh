@@ -69,8 +69,9 @@ enum chz_mode : int { CHZ_MODE_SUM = 0, CHZ_MODE_MEAN = 1 };
 // see BuildSpec.dtype), so kernel names and the build's size stay those of fp32. The
 // int8 types are row-wise quantized as FBGEMM stores them: D uint8 values followed in
 // the same row by a scale and a bias (fp32: D + 8 bytes; fp16: D + 4), value = q x
-// scale + bias. Pooling always accumulates in fp32 and writes fp32.
-enum chz_dtype : int { CHZ_FP32 = 0, CHZ_FP16 = 1, CHZ_BF16 = 2, CHZ_INT8 = 3, CHZ_INT8H = 4 };
+// scale + bias. fp8 rows (tbe.cu only) hold D e4m3 values then an fp32 scale (D + 4
+// bytes), value = e4m3 x scale. Pooling always accumulates in fp32 and writes fp32.
+enum chz_dtype : int { CHZ_FP32 = 0, CHZ_FP16 = 1, CHZ_BF16 = 2, CHZ_INT8 = 3, CHZ_INT8H = 4, CHZ_FP8 = 5 };
 #ifndef CHZ_DTYPE
 #define CHZ_DTYPE 0
 #endif

@@ -40,6 +40,7 @@ __device__ __forceinline__ int64_t chz_bag_end(const chz_bag_args& a, int64_t ba
 
 // --------------------------------------------------------------- element types
 constexpr int kDtype = CHZ_DTYPE;
+static_assert(kDtype != CHZ_FP8, "fp8 tables are read by the tbe kernel (tbe.cu) only");
 constexpr int kElemBytes = kDtype == CHZ_FP32 ? 4 : (kDtype == CHZ_FP16 || kDtype == CHZ_BF16) ? 2 : 1;
 constexpr int kQparamBytes = kDtype == CHZ_INT8 ? 8 : kDtype == CHZ_INT8H ? 4 : 0;  // scale + bias after the values
 constexpr int kVecElems = 16 / kElemBytes;  // elements per 16-byte load (warp)

@@ -41,6 +41,7 @@
 #include <type_traits>
 
 constexpr int kDtype = CHZ_DTYPE;
+static_assert(kDtype != CHZ_FP8, "fp8 tables are read by the tbe kernel (tbe.cu) only");
 constexpr int kGroup = 4;             // lookups whose rows are loaded before any is used
 constexpr int kWarpsPerBlock = 8;     // 256-thread blocks
 

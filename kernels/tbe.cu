@@ -45,6 +45,9 @@
 // halves 1024 + q (exact), one packed half subtraction leaves q0, q1 (exact), then fp32
 // q x scale + acc; fp16 pairs convert to fp32 and every sum is fp32, so every dtype keeps
 // fp32 accumulation (on sm_100 the fp32 adds themselves are packed in pairs, FADD2/FFMA2).
+// fp8 (e4m3) rows take int8's structure (4-byte vectors, a row-wise fp32 scale in the word
+// after the values, no bias): a byte permute and two logic ops move two e4m3 bytes into two
+// fp16 halves exactly (the value x 2^-8, folded into the row's scale), on every arch alike.
 // Pooling and the output are fp32.
 //
 // Mixed dtypes: one kernel instance per dtype, a batch of several dtypes launched as one
@@ -66,12 +69,15 @@
 // --------------------------------------------------------------- element types
 constexpr int kDtype = CHZ_DTYPE;
 constexpr bool kInt8 = kDtype == CHZ_INT8 || kDtype == CHZ_INT8H;
-constexpr int kElemBytes = kDtype == CHZ_FP32 ? 4 : kInt8 ? 1 : 2;
-constexpr int kQparamBytes = kDtype == CHZ_INT8 ? 8 : kDtype == CHZ_INT8H ? 4 : 0;
+constexpr bool kFp8 = kDtype == CHZ_FP8;
+constexpr int kElemBytes = kDtype == CHZ_FP32 ? 4 : (kInt8 || kFp8) ? 1 : 2;
+constexpr int kQparamBytes = kDtype == CHZ_INT8 ? 8 : (kDtype == CHZ_INT8H || kFp8) ? 4 : 0;
+constexpr bool kHasBias = kInt8;                        // fp8 rows carry a scale only
 constexpr int kVecElems = 4;                            // elements per vector load, every dtype
 constexpr int kVecBytes = kVecElems * kElemBytes;       // 16 (fp32), 8 (fp16/bf16) or 4 bytes (int8)
 typedef std::conditional<kVecBytes == 16, uint4, std::conditional<kVecBytes == 8, uint2, unsigned>::type>::type chz_vec;
-// an int8 row's scale and bias as stored: fp32 pair (int8) or fp16 pair in one word (int8h)
+// a row's scale and bias as stored: fp32 pair (int8), fp16 pair in one word (int8h), or the
+// fp32 scale's bits (fp8)
 typedef std::conditional<kDtype == CHZ_INT8, float2, unsigned>::type chz_qword;
 
 constexpr int kTbeMaxTables = 64;   // tables per launch (the descriptors travel as kernel parameters)
@@ -176,6 +182,17 @@ __device__ __forceinline__ float2 chz_u8x2_to_float2(unsigned w) {
 #endif
 }
 
+// Two e4m3 bytes of `w` as exact fp32 values x 2^-8. `kSel` (a __byte_perm selector) puts them
+// in bytes 1 and 3 over zero bytes 0 and 2; shifted right by one, a byte's exponent and
+// mantissa bits sit where a half's are (bias 15 against e4m3's 7: the 2^-8), its sign stays
+// at the top, and subnormals stay subnormal. (e4m3fn's NaN code would read as 480: a
+// quantizer never writes it.)
+template <unsigned kSel>
+__device__ __forceinline__ float2 chz_e4m3x2_to_float2(unsigned w) {
+  const unsigned p = __byte_perm(w, 0u, kSel);
+  return chz_half2_to_float2((p & 0x80008000u) | ((p >> 1) & 0x3f803f80u));
+}
+
 // acc[i] += x (and acc[i+1] += y): on sm_100 one packed fp32 add of the pair.
 __device__ __forceinline__ void chz_add2(float* acc, float x, float y) {
 #if !defined(CHZ_EMULATE) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
@@ -229,6 +246,11 @@ __device__ __forceinline__ void chz_accumulate(float (&acc)[kVecElems], const ch
   } else if constexpr (kDtype == CHZ_BF16) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) chz_add2(acc + 2 * i, __uint_as_float(w[i] << 16), __uint_as_float(w[i] & 0xffff0000u));
+  } else if constexpr (kFp8) {
+    const float2 lo = chz_e4m3x2_to_float2<0x1404u>(w[0]);  // bytes 0, 1
+    const float2 hi = chz_e4m3x2_to_float2<0x3424u>(w[0]);  // bytes 2, 3
+    chz_fma2(acc, lo.x, lo.y, scale);
+    chz_fma2(acc + 2, hi.x, hi.y, scale);
   } else {
     const float2 lo = chz_u8x2_to_float2<0x5140u>(w[0]);  // bytes 0, 1
     const float2 hi = chz_u8x2_to_float2<0x5342u>(w[0]);  // bytes 2, 3
@@ -250,12 +272,14 @@ __device__ __forceinline__ Q chz_load_qword(const unsigned char* at) {
   }
 }
 
-// The scale and bias of an int8 row (1 and 0 for the other dtypes). (A template, so the other
-// dtypes' branches are discarded, not compiled.)
+// The scale and bias of an int8 row, an fp8 row's scale x 2^8 (its decode gives the value
+// x 2^-8) and bias 0, 1 and 0 for the other dtypes. (A template, so the other dtypes'
+// branches are discarded, not compiled.)
 template <typename Q>
 __device__ __forceinline__ float2 chz_decode_qword(const Q& q) {
   if constexpr (std::is_same<Q, float2>::value) return q;
   else if constexpr (kDtype == CHZ_INT8H) return make_float2(chz_half_to_float(q & 0xffffu), chz_half_to_float(q >> 16));
+  else if constexpr (kFp8) return make_float2(__uint_as_float(q) * 256.f, 0.f);
   else return make_float2(1.f, 0.f);
 }
 
@@ -322,7 +346,7 @@ struct chz_tbe_ctx {
 #pragma unroll
     for (int k = 0; k < V; ++k) {
       const int c = g_lane + k * G;
-      if constexpr (kQparamBytes > 0) {
+      if constexpr (kHasBias) {
 #pragma unroll
         for (int q = 0; q < kVecElems; ++q) acc[k][q] += bias;
       }
@@ -453,7 +477,7 @@ __device__ __forceinline__ void chz_tbe_long(const volatile chz_tbe_table& d, in
         }
         if constexpr (kQparamBytes > 0) scales = __shfl_down_sync(c.gmask, scales, U, G);
       }
-      if constexpr (kQparamBytes > 0) {  // the tile's biases: summed over the group once, not per row
+      if constexpr (kHasBias) {  // the tile's biases: summed over the group once, not per row
         float b = chz_decode_qword(my_q).y;
         for (int w = G / 2; w > 0; w /= 2) b += __shfl_xor_sync(c.gmask, b, w, G);
         bias += b;
@@ -574,7 +598,7 @@ __device__ __forceinline__ void chz_tbe_short(const volatile chz_tbe_table& d, i
           if constexpr (kQparamBytes > 0) {
             const float2 q = chz_decode_qword(chz_shfl_word(gmask, qs, u, G));
             scale = q.x;
-            bias += counts ? q.y : 0.f;
+            if constexpr (kHasBias) bias += counts ? q.y : 0.f;
           }
 #pragma unroll
           for (int k = 0; k < V; ++k) chz_accumulate(acc[k], v[u][k], scale);

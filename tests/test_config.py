@@ -28,7 +28,7 @@ def test_bad_mode_and_dtype():
     with pytest.raises(ConfigError, match="mode"):
         WorkloadConfig(mode="max").validate()
     with pytest.raises(ConfigError, match="dtype"):
-        WorkloadConfig(dtype="fp8").validate()
+        WorkloadConfig(dtype="fp4").validate()
 
 
 @pytest.mark.parametrize("spec,kind,mean", [("150", "fixed", 150), ("uniform:0:20", "uniform", 10),

@@ -52,7 +52,7 @@ def parse_ratios(text: str) -> list[float]:
               help="sweep the cache variant's GPU cache size, as shares of each table's rows: 0.5%,1.5%,5%,... "
                    "(rows carry cache_ratio, cache_hit_rate_pct, host_bytes and the time split)")
 @click.option("--dtypes", default=None,
-              help="also predict these precisions (fp32,fp16,bf16,int8,int8h; 'all') beside the workload's dtype "
+              help="also predict these precisions (fp32,fp16,bf16,int8,int8h,fp8; 'all') beside the workload's dtype "
                    "[the experiment's dtypes]")
 @click.option("--mode", "mode", type=click.Choice(["steady", "cold", "both"]), default="steady", show_default=True,
               help="steady: tables in turn, as in production; cold: L2 flushed before each launch, as a benchmark "

@@ -32,7 +32,7 @@ def _counts(counts: dict[Any, int], suffix: str = "") -> str:
 @click.option("--D", "D", type=int, default=128, show_default=True, help="embedding dimension (picks the warp kernel)")
 @click.option("--param", "params", multiple=True, metavar="VARIANT.NAME=VALUE", help="variant parameter, e.g. rpf.P=4")
 @click.option("--dtype", default="fp32", show_default=True,
-              help="table element type: fp32, fp16, bf16, int8 (fp32 scale/bias) or int8h (fp16 scale/bias)")
+              help="table element type: fp32, fp16, bf16, int8 (fp32 scale/bias), int8h (fp16 scale/bias) or fp8 (e4m3, fp32 scale; tbe)")
 @click.option("--training", is_flag=True,
               help="the training step's kernels instead (backward and fused optimizer: cuda-atomic, cuda-sorted, "
                    "cuda-fused-*), with their registers, spills and occupancy")

@@ -57,7 +57,7 @@ def devices(as_json: bool) -> None:
 @click.option("--D", "D", type=int, default=128, show_default=True, help="embedding dimension (picks the warp kernel)")
 @click.option("--param", "params", multiple=True, metavar="VARIANT.NAME=VALUE", help="variant parameter, e.g. rpf.P=4")
 @click.option("--dtype", default="fp32", show_default=True,
-              help="table element type: fp32, fp16, bf16, int8 (fp32 scale/bias) or int8h (fp16 scale/bias)")
+              help="table element type: fp32, fp16, bf16, int8 (fp32 scale/bias), int8h (fp16 scale/bias) or fp8 (e4m3, fp32 scale; tbe)")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 @wide_option
 def build(archs: str, variants: str | None, caps: str | None, D: int, params: tuple[str, ...], dtype: str,
@@ -106,7 +106,7 @@ def build(archs: str, variants: str | None, caps: str | None, D: int, params: tu
 @click.option("--param", "params", multiple=True, metavar="VARIANT.NAME=VALUE")
 @click.option("--dtypes", default=None,
               help="table element types to check, comma-separated, or 'all' (fp32, fp16, bf16, int8 with fp32 "
-                   "scale/bias, int8h with fp16 scale/bias) [the workload's dtype]")
+                   "scale/bias, int8h with fp16 scale/bias, fp8 e4m3 with an fp32 scale: tbe) [the workload's dtype]")
 @click.option("--experiment", "experiment", default=None, metavar="NAME|TOML",
               help="check an experiment's variants, its kernels of one's own ([variants.NAME] tables) among them "
                    "[every built-in variant]")

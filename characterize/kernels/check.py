@@ -51,7 +51,7 @@ from characterize.workloads.traces import generate, generation_bytes
 #: is left is fp32 accumulation (1e-5, every dtype, every kernel of ours) and, for torch's
 #: own kernel, which returns the table's dtype, the rounding of that output.
 ACCUMULATION_TOLERANCE = 1e-5
-OUTPUT_ROUNDING = {"fp32": 0.0, "fp16": 2.0**-10, "bf16": 2.0**-7, "int8": 0.0, "int8h": 0.0}
+OUTPUT_ROUNDING = {"fp32": 0.0, "fp16": 2.0**-10, "bf16": 2.0**-7, "int8": 0.0, "int8h": 0.0, "fp8": 0.0}
 
 
 #: errors that say the machine cannot run a check at all: raised, never a variant's failed check

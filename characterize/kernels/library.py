@@ -219,9 +219,10 @@ TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bflo
 
 @dataclass(frozen=True)
 class QuantizedTable:
-    """A row-wise int8 table as FBGEMM stores it: each row holds D uint8 values, then its
-    scale and bias (fp32 for dtype int8, fp16 for int8h), padded to the row stride;
-    value = q x scale + bias. The kernels read `data` ([E, row stride] uint8) directly."""
+    """A row-wise quantized table. int8 as FBGEMM stores it: each row holds D uint8 values,
+    then its scale and bias (fp32 for dtype int8, fp16 for int8h), value = q x scale + bias;
+    fp8: D e4m3 values, then an fp32 scale, value = e4m3 x scale. Rows are padded to the row
+    stride; the kernels read `data` ([E, row stride] uint8) directly."""
 
     data: torch.Tensor
     dim: int
@@ -237,10 +238,10 @@ class QuantizedTable:
         return self.dim + DTYPES[self.dtype].qparam_bytes
 
     def qparams(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(scale, bias) per row as fp32."""
+        """(scale, bias) per row as fp32 (an fp8 row's bias is 0)."""
         raw = self.data[:, self.dim:self.dim + DTYPES[self.dtype].qparam_bytes].contiguous()
-        q = raw.view(torch.float32 if self.dtype == "int8" else torch.float16).float()
-        return q[:, 0], q[:, 1]
+        q = raw.view(torch.float16 if self.dtype == "int8h" else torch.float32).float()
+        return q[:, 0], (torch.zeros_like(q[:, 0]) if self.dtype == "fp8" else q[:, 1])
 
     def to(self, device: Any) -> "QuantizedTable":
         return QuantizedTable(self.data.to(device), self.dim, self.dtype)
@@ -260,30 +261,41 @@ def table_dtype(table: Table) -> str:
         if table.dtype == dt:
             return name
     raise ConfigError(f"tables of {table.dtype} are not supported; use float32, float16, bfloat16 or "
-                      "quantize_rowwise() for int8")
+                      "quantize_rowwise() for int8 and fp8")
 
 
 def quantize_rowwise(weight: torch.Tensor, dtype: str = "int8", row_align: int = 1) -> QuantizedTable:
-    """Quantize an fp32 table row by row to uint8 with a per-row scale and bias (the row's
-    min and (max - min) / 255), packed after the values; `row_align` pads each row to a
-    multiple of that many bytes (16 for the warp kernel's 16-byte loads, as FBGEMM's TBE pads)."""
-    if dtype not in ("int8", "int8h"):
-        raise ConfigError(f"quantize_rowwise makes int8 or int8h tables, not {dtype!r}")
+    """Quantize an fp32 table row by row: int8/int8h to uint8 with a per-row scale and bias
+    (the row's min and (max - min) / 255), fp8 to e4m3 with a per-row scale (the row's largest
+    magnitude / 448, e4m3's largest value), packed after the values; `row_align` pads each row
+    to a multiple of that many bytes (16 for the warp kernel's 16-byte loads, as FBGEMM's TBE pads)."""
+    if dtype not in ("int8", "int8h", "fp8"):
+        raise ConfigError(f"quantize_rowwise makes int8, int8h or fp8 tables, not {dtype!r}")
     if weight.dim() != 2 or row_align < 1:
         raise ConfigError("quantize_rowwise needs a 2-D table and row_align >= 1")
     w = weight.detach().float()
     E, D = w.shape
+    if dtype == "fp8":
+        amax = w.abs().max(dim=1).values
+        scale = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
+        values = (w / scale[:, None]).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).view(torch.uint8)
+        return _pack_rows(values, scale[:, None].contiguous().view(torch.uint8), D, dtype, row_align)
     lo, hi = w.min(dim=1).values, w.max(dim=1).values
     scale = (hi - lo) / 255.0
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
     qtype = torch.float32 if dtype == "int8" else torch.float16
     scale, bias = scale.to(qtype), lo.to(qtype)   # quantize with the stored (rounded) qparams
     q = torch.round((w - bias.float()[:, None]) / scale.float()[:, None]).clamp(0, 255).to(torch.uint8)
+    return _pack_rows(q, torch.stack([scale, bias], dim=1).contiguous().view(torch.uint8), D, dtype, row_align)
+
+
+def _pack_rows(values: torch.Tensor, qparams: torch.Tensor, D: int, dtype: str, row_align: int) -> QuantizedTable:
+    """Rows of D value bytes, then the row's qparam bytes, padded to `row_align`."""
     extra = DTYPES[dtype].qparam_bytes
     stride = -(-(D + extra) // row_align) * row_align
-    data = torch.zeros(E, stride, dtype=torch.uint8, device=w.device)
-    data[:, :D] = q
-    data[:, D:D + extra] = torch.stack([scale, bias], dim=1).contiguous().view(torch.uint8)
+    data = torch.zeros(values.shape[0], stride, dtype=torch.uint8, device=values.device)
+    data[:, :D] = values
+    data[:, D:D + extra] = qparams
     return QuantizedTable(data, D, dtype)
 
 
@@ -299,10 +311,14 @@ def as_dtype(weight: torch.Tensor, dtype: str, row_align: int = 16) -> Table:
 
 
 def dequantize(table: Table) -> torch.Tensor:
-    """The fp32 table a kernel reads: int8 rows as q x scale + bias, fp16/bf16 widened."""
+    """The fp32 table a kernel reads: int8 rows as q x scale + bias, fp8 rows as e4m3 x scale,
+    fp16/bf16 widened."""
     if isinstance(table, QuantizedTable):
         scale, bias = table.qparams()
-        return table.data[:, :table.dim].float() * scale[:, None] + bias[:, None]
+        values = table.data[:, :table.dim]
+        if table.dtype == "fp8":
+            return values.contiguous().view(torch.float8_e4m3fn).float() * scale[:, None]
+        return values.float() * scale[:, None] + bias[:, None]
     return table.float()
 
 

@@ -27,6 +27,8 @@ def vector_elems(dtype: str) -> int:
 #: elements one vector load of the tbe kernel covers, every dtype (16-byte fp32, 8-byte fp16/bf16 and
 #: 4-byte int8 vectors: the same 4 fp32 accumulators per vector, so narrow dtypes fit fewer registers)
 TBE_VECTOR_ELEMS = 4
+#: the dtypes every kernel of the family (and PyTorch's) reads; fp8 rows are tbe's alone
+FAMILY_DTYPES = tuple(d for d in DTYPES if d != "fp8")
 #: tables one tbe launch covers (its descriptors travel as kernel parameters; more tables: one launch per 64)
 TBE_MAX_TABLES = 64
 #: `Variant.tables_per_launch` of a variant whose one launch covers every table of the batch
@@ -61,7 +63,7 @@ class Variant:
     dim_multiple: int = 1           # in 16-byte vectors when vector_loads, else elements
     max_dim: int | None = None
     vector_loads: bool = False      # loads rows as 16-byte vectors: D must fill whole vectors of the dtype
-    dtypes: tuple[str, ...] = tuple(DTYPES)  # table element types the variant reads
+    dtypes: tuple[str, ...] = FAMILY_DTYPES  # table element types the variant reads
     per_sample_weights: bool = False
     honors_cap: bool = True         # False where __launch_bounds__ overrides -maxrregcount
     test_only: bool = False
@@ -290,10 +292,10 @@ register(Variant("warp", "ours: sub-warp per bag, shuffled indices, 8 independen
                  vector_loads=True, max_dim=1024, honors_cap=False))
 register(Variant("tbe", "ours, table-batched: every table of the batch in one launch (per-table E, D; grid = SMs x "
                         "resident blocks), the next tile of indices loaded while the current one's rows are gathered, "
-                        "32-bit indices, a short-bag path, int8 decoded two values per packed half op",
+                        "32-bit indices, a short-bag path, int8 and fp8 (e4m3) rows decoded two values per packed half op",
                  entry="chz_tbe_forward", kernel="chz_tbe_kernel<{V}, {I}, {R}, {S}>", block=(256, 1), grid=0,
                  params=(_INDEX_BITS, _SHORT, _BAGS_PER_RUN), vector_loads=True, max_dim=1024, honors_cap=False,
-                 tables_per_launch=ALL_TABLES, source=TBE_SOURCE, persistent=True))
+                 tables_per_launch=ALL_TABLES, source=TBE_SOURCE, persistent=True, dtypes=tuple(DTYPES)))
 register(Variant("cache", "host-resident table in pinned memory with a GPU cache of C rows warmed from the trace's "
                           "frequencies: per batch unique ids, hits and misses, misses copied from the host with "
                           "frequency-aware eviction, then base's kernel on cache slots",

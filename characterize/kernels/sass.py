@@ -853,7 +853,7 @@ def interpolate(samples: Mapping[Any, float], L: float) -> float | None:
 
 #: widths of the loads of an int8 row's scale and bias when their consumers do not tell (a fallback):
 #: one each (base, rpf) or both at once (warp)
-QPARAM_LOAD_BITS = {"int8": frozenset({32, 64}), "int8h": frozenset({16, 32})}
+QPARAM_LOAD_BITS = {"int8": frozenset({32, 64}), "int8h": frozenset({16, 32}), "fp8": frozenset({32})}
 #: instructions that decode packed integer row values (int8 bytes into floats)
 INT_DECODE = frozenset({"I2F", "I2FP", "PRMT", "LOP3", "SHF", "I2I", "BFE", "IMAD", "IADD3", "SGXT", "LEA"})
 #: floating-point arithmetic: where a row's scale and bias, or float row values, go

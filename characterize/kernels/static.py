@@ -23,7 +23,7 @@ from characterize.errors import BuildError, ConfigError, ToolchainNotFound, Unsu
 from characterize.hardware.specs import ARCHS, normalize_arch
 from characterize.kernels.build import BuildResult, BuildSpec, build_many
 from characterize.kernels.occupancy import register_steps, theoretical_occupancy
-from characterize.kernels.registry import VARIANTS, Variant, built_in, check_caps, get_variant
+from characterize.kernels.registry import FAMILY_DTYPES, VARIANTS, Variant, built_in, check_caps, get_variant
 from characterize.kernels.sass import (
     MEMORY_LATENCY,
     LoopRow,
@@ -110,7 +110,7 @@ def prebuild(variants: Iterable[str], archs: Iterable[str], dtypes: Iterable[str
     Without it the builds come one or two at a time, as each variant asks for them.
     Returns how many builds were asked for (cached ones cost nothing)."""
     archs = [normalize_arch(a) for a in archs]
-    dtypes = list(dict.fromkeys(dtypes))
+    dtypes = [d for d in dict.fromkeys(dtypes) if d in FAMILY_DTYPES]   # the family's source (fp8: tbe's alone)
     chosen = [get_variant(n) for n in variants]
     params = params or {}
     first = {_device(BuildSpec("cuda", a, None, dt)) for a in archs for dt in dtypes}
@@ -220,7 +220,8 @@ def plan_variants(variants: Iterable[str] | None = None, archs: Iterable[str] = 
     builds it (capped variants at their default or given cap), from the `dtype` library."""
     if isinstance(D, bool) or not isinstance(D, numbers.Integral) or D < 1:
         raise ConfigError(f"D must be a positive integer, got {D!r}")
-    names = list(variants) if variants is not None else built_in()
+    # by default every built-in variant that reads `dtype` (fp8: tbe alone); one named is held to it
+    names = list(variants) if variants is not None else [n for n in built_in() if dtype in get_variant(n).dtypes]
     chosen: list[Variant] = [get_variant(n) for n in names]
     params = params or {}
     plans = []

@@ -28,7 +28,7 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
-from characterize.config import ExperimentConfig, WorkloadConfig
+from characterize.config import QUANTIZED, ExperimentConfig, WorkloadConfig
 from characterize.errors import (
     CharacterizeError,
     CheckMismatch,
@@ -196,8 +196,8 @@ def bytes_per_table(batches: list[list[tuple[torch.Tensor, torch.Tensor]]], row_
 
 
 def _rows_read(tk: TableKernel, rows: torch.Tensor) -> torch.Tensor:
-    """The values a kernel reads from `rows`, widened to fp32 (int8 rows dequantized)."""
-    if tk.dtype in ("int8", "int8h"):
+    """The values a kernel reads from `rows`, widened to fp32 (int8 and fp8 rows dequantized)."""
+    if tk.dtype in QUANTIZED:
         return dequantize(QuantizedTable(tk.weight[rows], tk.dim, tk.dtype))
     return tk.weight[rows].float()
 

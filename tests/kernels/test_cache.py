@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from characterize.config import DTYPES, WorkloadConfig
+from characterize.config import WorkloadConfig
 from characterize.errors import ConfigError, UnsupportedShape
 from characterize.kernels.cache import CachePolicy, HostCache
 from characterize.kernels.check import cache_trace, check_cache_batches, check_variants, make_table
@@ -100,7 +100,7 @@ def test_policy_matches_an_independent_replay(C):
         assert sum(s[3] for s in got) > 0    # the drifting hot set makes it evict
 
 
-@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("dtype", list(get_variant("cache").dtypes))
 @pytest.mark.parametrize("C", [3, 37])
 def test_cache_variant_batch_after_batch_matches_torch_on_the_full_table(dtype, C):
     W = make_table(dtype, 1009, 36, seed=11)

@@ -1,6 +1,7 @@
 """Precision as a workload dimension: every variant reads fp32, fp16, bf16 and row-wise
-int8 (fp32 or fp16 scale and bias) tables, pools in fp32, and is checked on the CPU
-against torch computed in float64 from the dequantized table."""
+int8 (fp32 or fp16 scale and bias) tables, tbe also fp8 (e4m3) rows with an fp32 scale,
+pools in fp32, and is checked on the CPU against torch computed in float64 from the
+dequantized table."""
 
 import numpy as np
 import pytest
@@ -57,13 +58,16 @@ def test_every_variant_matches_the_dequantized_reference(dtype, D):
             r = check_one(v, W, idx, off, mode=mode, padding_idx=pad, backend="emulate")
             assert r.passed and r.dtype == dtype, r
             checked += 1
-    # warp needs whole 16-byte vectors; D=80 fills them for every dtype
-    assert checked == 2 * (len(PUBLIC) - (0 if runs("warp", dtype, D) else 1))
+    # every variant reads every dtype but fp8, which tbe alone reads; warp needs whole 16-byte
+    # vectors (D=80 fills them for every dtype)
+    readers = [v for v in PUBLIC if dtype in get_variant(v).dtypes]
+    assert readers == (["tbe"] if dtype == "fp8" else PUBLIC)
+    assert checked == 2 * (len(readers) - (0 if "warp" not in readers or runs("warp", dtype, D) else 1))
     if D == 80:
-        assert runs("warp", dtype, D)
+        assert runs("warp", dtype, D) == ("warp" in readers)
 
 
-@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("dtype", list(get_variant("wrong").dtypes))
 def test_the_wrong_variant_still_fails(dtype):
     idx, off = odd_batch()
     r = check_one("wrong", make_table(dtype, 1009, 36), idx, off, backend="emulate")
@@ -76,7 +80,8 @@ def test_check_variants_covers_every_dtype():
     assert {r.dtype for r in results} == set(DTYPES)
     assert not [r for r in results if r.passed is False]
     skipped = {(r.variant, r.dtype) for r in results if r.passed is None}
-    assert skipped == {("warp", d) for d in ("fp16", "bf16", "int8", "int8h")}   # D=68
+    assert skipped == ({("warp", d) for d in ("fp16", "bf16", "int8", "int8h")}   # D=68
+                       | {(v, "fp8") for v in PUBLIC if v != "tbe"})            # tbe alone reads fp8
 
 
 def test_tolerances_are_stated_per_dtype():
@@ -101,6 +106,25 @@ def test_quantize_round_trip(dtype, row_align):
     assert bool(((back - w).abs() <= step * slack + 1e-6).all())
     # row extremes survive: min -> 0, max -> 255
     assert int(q.data[:, :36].min()) == 0 and int(q.data[:, :36].max()) == 255
+
+
+@pytest.mark.parametrize("row_align", [1, 16])
+def test_fp8_round_trip(row_align):
+    """e4m3 keeps 3 mantissa bits: within half a step (2^-4 relative) of the fp32 value, or
+    half the smallest subnormal step (2^-10 x the row's scale) near zero; each row's largest
+    magnitude lands on 448, e4m3's largest value, so none saturates."""
+    w = torch.randn(257, 36, generator=torch.Generator().manual_seed(1))
+    w[3, :] = 0.0
+    w[5, 7] = 1e-6
+    q = quantize_rowwise(w, "fp8", row_align)
+    assert q.data.dtype == torch.uint8 and q.shape == (257, 36) and table_dtype(q) == "fp8"
+    assert q.data.shape[1] == -(-(36 + 4) // row_align) * row_align
+    scale, bias = q.qparams()
+    assert bool((bias == 0).all()) and float(scale[3]) == 1.0    # a zero row: scale 1, values 0
+    back = dequantize(q)
+    assert bool(((back - w).abs() <= w.abs() * 2 ** -4 + scale[:, None] * 2 ** -10).all())
+    values = q.data[:, :36].contiguous().view(torch.float8_e4m3fn).float()
+    assert float(values.abs().max()) == 448.0 and not bool(values.isnan().any())
 
 
 def test_constant_rows_quantize_without_dividing_by_zero():
@@ -146,7 +170,7 @@ def test_a_library_refuses_another_dtypes_table():
         tk.launch(idx, off)
 
 
-@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("dtype", list(get_variant("warp").dtypes))
 @pytest.mark.parametrize("D", [16, 48, 128, 256, 1024])
 def test_warp_group_mirrors_the_cuda_source(dtype, D):
     lib = load_library(BuildSpec("emulate", dtype=dtype))
@@ -164,7 +188,7 @@ def test_warp_kernel_names_follow_the_vector_width():
 
 def test_row_bytes_carry_the_scale_and_bias():
     wl = WorkloadConfig()
-    assert [wl.replace(dtype=d).row_bytes for d in DTYPES] == [512, 256, 256, 136, 132]
+    assert [wl.replace(dtype=d).row_bytes for d in DTYPES] == [512, 256, 256, 136, 132, 132]
 
 
 def test_l2_pinning_covers_an_int8_rows_scale_and_bias():

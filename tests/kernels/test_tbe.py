@@ -52,7 +52,7 @@ def passed(results) -> None:
 
 # ------------------------------------------------------------- the emulation
 def test_one_launch_for_tables_of_every_dtype_and_shape():
-    """Five dtypes and three shapes (D = 68, 72, 32; E = 1009, 211, 127) in one batch: one
+    """Every dtype (fp8 included) and three shapes (D = 68, 72, 32; E = 1009, 211, 127) in one batch: one
     launch per dtype group, every table against torch, in sum and mean, with a grid small
     enough that warps walk several bags and cross tables."""
     config = WorkloadConfig.tiny()
@@ -148,6 +148,13 @@ def test_the_batched_checker_can_fail():
     assert float((outs[0].output.double() - ref).abs().max()) > 1.0
     wrong = check_variants(["wrong"], ["medium"], WorkloadConfig.tiny(), modes=("sum",), backend="emulate")
     assert wrong and not any(r.passed for r in wrong)
+    # fp8 rows: the same swap fails against the dequantized reference
+    fp8 = [make_table("fp8", 1009, 68, 1), make_table("fp8", 1009, 68, 2)]
+    passed(check_tables("tbe", fp8, batch, backend="emulate"))
+    tb = bind_tables("tbe", fp8[::-1], backend="emulate")
+    outs = tb.launch(tb.map_batch(batch))
+    ref = torch.nn.functional.embedding_bag(batch[0][0], dequantize(fp8[0]).double(), batch[0][1], mode="sum")
+    assert float((outs[0].output.double() - ref).abs().max()) > 1.0
 
 
 def test_more_tables_than_one_launch_holds():
@@ -193,7 +200,7 @@ def test_registry_entry():
 ARCHS = ["sm_80", "sm_90", "sm_100"]
 #: registers the launch bounds allow the one-vector instances: 3 blocks of 256 threads for fp32,
 #: 4 for the narrower dtypes
-BUDGET = {"fp32": 80, "fp16": 64, "bf16": 64, "int8": 64, "int8h": 64}
+BUDGET = {"fp32": 80, "fp16": 64, "bf16": 64, "int8": 64, "int8h": 64, "fp8": 64}
 
 
 def _instances(V: int, short: bool) -> list[str]:
@@ -221,7 +228,7 @@ def test_builds_for_every_arch_within_its_register_budget(dtype):
 
 @needs_tools
 @pytest.mark.slow
-@pytest.mark.parametrize("dtype", ["fp16", "bf16", "int8h"])
+@pytest.mark.parametrize("dtype", ["fp16", "bf16", "int8h", "fp8"])
 def test_other_dtypes_build_for_every_arch(dtype):
     results = build_many([BuildSpec("cuda", a, None, dtype, source=TBE_SOURCE, output="cubin") for a in ARCHS])
     for spec, result in results.items():
@@ -251,7 +258,7 @@ def _nest(result, kernel):
 
 @needs_tools
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("dtype", ["fp32", "int8"])
+@pytest.mark.parametrize("dtype", ["fp32", "int8", "fp8"])
 def test_the_loop_nest_keeps_its_rows_in_flight(arch, dtype):
     """Read from the SASS at D=128: the step loads 8 rows per lane back to back with no spills;
     the tile loop around it loads the next tile's index before the step's rows and reads it only
@@ -262,7 +269,7 @@ def test_the_loop_nest_keeps_its_rows_in_flight(arch, dtype):
     kernel = get_variant("tbe").kernel_name({}, 128, dtype)
     hot, tile = _nest(result, kernel)
     cls = S.classify(hot.path)
-    width = {"fp32": 128, "int8": 32}[dtype]
+    width = {"fp32": 128, "int8": 32, "fp8": 32}[dtype]
     assert len(cls.row_loads) == 8 and {i.width_bits for i in hot.path if i.address in cls.row_loads} == {width}
     assert not any(i.opcode in ("LDL", "STL") for i in hot.path + tile.path)
     assert 8 / S.replay(hot.path).latencies_per_iteration >= 8

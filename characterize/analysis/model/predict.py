@@ -57,6 +57,8 @@ def _frame(points: Sequence[_Point], consts: Mapping[str, tuple[ModelConstants, 
                      "time_per_table_us": t / p.tables_per_launch, "batch_us": t * p.launches,
                      "validated_n": error.n if error else 0,
                      "validated_gmae_pct": 100 * error.gmae if error else float("nan")})
+    if not rows:   # no variant asked for reads these tables
+        return pd.DataFrame(columns=COLUMNS)
     df = pd.DataFrame(rows)
     for ref in REFERENCES:
         col = f"speedup_vs_{ref}"
@@ -132,11 +134,13 @@ def predict(workload: WorkloadConfig, datasets: Sequence[str], variants: Sequenc
     skipped: list[str] = []
     profiles = {} if profiles is None else profiles
     consts = _constants_for(gpus, constants)
+    # base is every row's reference, required unless it cannot read the tables (fp8: tbe's alone)
+    reads_base = workload.dtype in VARIANTS["base"].dtypes
     frames = []
     for m in modes:
         points = _prepare(workload, list(datasets), names, gpus, params or {}, static, sass, tables, m, profiles,
                           progress, cache_ratios, set_aside=set_aside, custom=custom, skipped=skipped,
-                          optional=[n for n in names if n not in wanted and n != "base"])
+                          optional=[n for n in names if n not in wanted and (n != "base" or not reads_base)])
         needs: dict[int, set[tuple[int, str]]] = {}   # what the points will read of each trace, side by side
         for p in points:
             if p.l2 != "none" and (p.pinned_rows or p.prepass_rows):
