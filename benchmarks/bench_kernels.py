@@ -32,7 +32,7 @@ from characterize.units import format_bytes
 
 ARCHS = ("sm_80", "sm_90", "sm_100")
 GPUS = ("a100-80gb", "h100-sxm", "b200")   # one per architecture
-DTYPES = ("fp32", "int8")
+DTYPES = ("fp32", "int8", "fp8")   # fp8 (e4m3) rows: tbe's alone
 VARIANTS = ("base", "rpf", "warp", "tbe")
 DTYPES_BYTES = {d: dtype_spec(d).element_bytes for d in DTYPES}
 CONFIGS = {
@@ -44,12 +44,12 @@ TBE_PATHS = {"tbe": {}, "tbe short": {"tbe": {"short": 1}}}
 
 
 def hot_rows(row) -> float | None:
-    """The hot loop's rows in flight as sass rows give them; an int8 kernel whose row loads are
-    32 bits wide (tbe) is read with the same replay, its 32-bit gathers counted as rows (today's
-    rows count them as an int8 row's scale and bias, which tbe loads per tile, outside this loop)."""
+    """The hot loop's rows in flight as sass rows give them; an int8 or fp8 kernel whose row loads
+    are 32 bits wide (tbe) is read with the same replay, its 32-bit gathers counted as rows (today's
+    rows count them as a row's scale and bias, which tbe loads per tile, outside this loop)."""
     if row.rows_in_flight is not None:
         return row.rows_in_flight
-    if row.dtype.startswith("int8") and row.qparam_loads and row.latencies_per_iteration:
+    if dtype_spec(row.dtype).qparam_bytes and row.qparam_loads and row.latencies_per_iteration:
         return row.qparam_loads / row.latencies_per_iteration
     return None
 
@@ -76,6 +76,8 @@ def kernel_table() -> list[dict]:
     for dtype in DTYPES:
         for label, params in [(v, {}) for v in VARIANTS if v != "tbe"] + list(TBE_PATHS.items()):
             name = label.split()[0]
+            if dtype not in get_variant(name).dtypes:
+                continue
             loops = analyze_variants([name], ARCHS, params=params, dtype=dtype)
             static = {r.arch: r for r in static_characterization([name], ARCHS, params=params, dtype=dtype)
                       if r.role == "lookup"}
@@ -157,6 +159,26 @@ def predictions_table() -> list[dict]:
     return out
 
 
+def precision_table() -> list[dict]:
+    """tbe at each precision on the paper configuration (every dataset PREDICTED names), on
+    each GPU: batch time and % of the no-reuse HBM roofline at that dtype's row bytes."""
+    from characterize.analysis.model.predict import predict
+    from characterize.pipeline import code_facts
+
+    out = []
+    for dtype in DTYPES:
+        code = code_facts([v for v in ("base", "tbe") if dtype in get_variant(v).dtypes], list(ARCHS), 128, dtype=dtype)
+        wl = CONFIGS["paper"].replace(batches=3, dtype=dtype)
+        moved = napkin_bytes(wl)
+        df = predict(wl, list(PREDICTED["paper"]), ["tbe"], list(GPUS), static=code.static, sass=code.sass)
+        for (ds, gpu), g in df[df["variant"] == "tbe"].groupby(["dataset", "gpu"], sort=False):
+            us = float(g["batch_us"].iloc[0])
+            out.append({"dtype": dtype, "row bytes": wl.row_bytes, "dataset": ds, "gpu": gpu,
+                        "moved/batch": format_bytes(moved), "tbe us/batch": round(us, 1),
+                        "% no-reuse roof": round(100 * moved / gpu_spec(gpu).hbm_GBps / 1e3 / us, 1)})
+    return out
+
+
 def main() -> None:
     start = time.perf_counter()
     print(f"in flight per warp: row loads in the hot loop alone ('hot', as `characterize sass`); rows really "
@@ -172,6 +194,9 @@ def main() -> None:
           "no-reuse HBM roofline above it reaches (over 100% where L2 hits on reused rows save HBM traffic, as on "
           "the medium and Zipf traces); tbe against FBGEMM's TBE (read from fbgemm-gpu 1.8.0's own SASS):")
     show(predictions_table())
+    print("\nthe model (PREDICTIONS): tbe at each precision on the paper configuration, against the roofline "
+          "of that precision's bytes (int8: values + fp32 scale and bias; fp8: e4m3 values + an fp32 scale):")
+    show(precision_table())
     print(f"\ndone in {time.perf_counter() - start:.1f} s")
 
 
