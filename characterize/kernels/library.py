@@ -17,7 +17,7 @@ from typing import Any, Iterator, NamedTuple, Sequence
 import numpy as np
 import torch
 
-from characterize.config import DTYPES, dtype_spec
+from characterize.config import DTYPES, QUANTIZED, dtype_spec
 from characterize.errors import (
     ConfigError,
     KernelLaunchError,
@@ -269,7 +269,7 @@ def quantize_rowwise(weight: torch.Tensor, dtype: str = "int8", row_align: int =
     (the row's min and (max - min) / 255), fp8 to e4m3 with a per-row scale (the row's largest
     magnitude / 448, e4m3's largest value), packed after the values; `row_align` pads each row
     to a multiple of that many bytes (16 for the warp kernel's 16-byte loads, as FBGEMM's TBE pads)."""
-    if dtype not in ("int8", "int8h", "fp8"):
+    if dtype not in QUANTIZED:
         raise ConfigError(f"quantize_rowwise makes int8, int8h or fp8 tables, not {dtype!r}")
     if weight.dim() != 2 or row_align < 1:
         raise ConfigError("quantize_rowwise needs a 2-D table and row_align >= 1")

@@ -195,11 +195,12 @@ def bytes_per_table(batches: list[list[tuple[torch.Tensor, torch.Tensor]]], row_
     return lookups * row_bytes + lookups * 8 + B * 8 + B * row_bytes
 
 
-def _rows_read(tk: TableKernel, rows: torch.Tensor) -> torch.Tensor:
-    """The values a kernel reads from `rows`, widened to fp32 (int8 and fp8 rows dequantized)."""
-    if tk.dtype in QUANTIZED:
-        return dequantize(QuantizedTable(tk.weight[rows], tk.dim, tk.dtype))
-    return tk.weight[rows].float()
+def _rows_read(weight: torch.Tensor, rows: torch.Tensor, dim: int, dtype: str) -> torch.Tensor:
+    """The values a kernel reads from `rows` of `weight` (as bound: quantized rows packed),
+    widened to fp32 (int8 and fp8 rows dequantized)."""
+    if dtype in QUANTIZED:
+        return dequantize(QuantizedTable(weight[rows], dim, dtype))
+    return weight[rows].float()
 
 
 def check_point(kernels: list[TableKernel], mapped: list[list[tuple[torch.Tensor, torch.Tensor]]],
@@ -218,7 +219,7 @@ def check_point(kernels: list[TableKernel], mapped: list[list[tuple[torch.Tensor
             if idx.is_cuda:
                 torch.cuda.synchronize(idx.device)
             rows, inverse = torch.unique(idx, return_inverse=True)
-            yield out.output, inverse, off, _rows_read(tk, rows).double(), tk.mode, tk.dtype
+            yield out.output, inverse, off, _rows_read(tk.weight, rows, tk.dim, tk.dtype).double(), tk.mode, tk.dtype
 
     return _worst_table(tables(), variant)
 
@@ -515,9 +516,7 @@ def check_batch(tb: TableBatch, mapped: Batches, variant: str) -> dict[str, Any]
     def tables() -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, str, str]]:
         for t, ((idx, off), out) in enumerate(zip(mapped[0], outs)):
             rows, inverse = torch.unique(idx.long(), return_inverse=True)
-            w = tb.weights[t][rows]
-            wide = (dequantize(QuantizedTable(w, tb.dims[t], tb.dtypes[t])) if tb.dtypes[t].startswith("int8")
-                    else w.float()).double()
+            wide = _rows_read(tb.weights[t], rows, tb.dims[t], tb.dtypes[t]).double()
             yield out.output, inverse, off.long(), wide, tb.mode, tb.dtypes[t]
 
     return _worst_table(tables(), variant)

@@ -334,3 +334,18 @@ def test_a_variant_that_cannot_run_here_is_skipped_in_one_line(tmp_path, monkeyp
     assert kept.variants == ("base",)
     assert said == [f"bench: fbgemm skipped: FBGEMM is not installed ({fbgemm.INSTALL_HINT})"]
     assert "bench fbgemm: skipped" in (out / "log.txt").read_text()
+
+
+@pytest.mark.parametrize("dtype", ["int8", "fp8"])
+def test_the_batch_check_before_timing_reads_quantized_rows_as_the_kernel_does(dtype):
+    """bench checks a batched variant's first batch before timing it: quantized rows (int8's
+    scale and bias, fp8's e4m3 values and scale) are compared dequantized, as the kernel reads them
+    (fp8's raw bytes widened as numbers would not even have the table's D columns)."""
+    from characterize.config import WorkloadConfig
+    from characterize.kernels.check import mixed_tables
+    from characterize.kernels.library import bind_tables
+    from characterize.measure.worker import check_batch
+
+    tables, batch = mixed_tables(WorkloadConfig.tiny(), ["fp32", dtype], "medium")
+    tb = bind_tables("tbe", tables, backend="emulate")
+    assert check_batch(tb, [tb.map_batch(batch)], "tbe")["passed"]
