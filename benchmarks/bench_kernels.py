@@ -166,11 +166,13 @@ def precision_table() -> list[dict]:
     from characterize.pipeline import code_facts
 
     out = []
+    profiles: dict = {}   # the traces' locality, analyzed once for every dtype
     for dtype in DTYPES:
         code = code_facts([v for v in ("base", "tbe") if dtype in get_variant(v).dtypes], list(ARCHS), 128, dtype=dtype)
         wl = CONFIGS["paper"].replace(batches=3, dtype=dtype)
         moved = napkin_bytes(wl)
-        df = predict(wl, list(PREDICTED["paper"]), ["tbe"], list(GPUS), static=code.static, sass=code.sass)
+        df = predict(wl, list(PREDICTED["paper"]), ["tbe"], list(GPUS), static=code.static, sass=code.sass,
+                     profiles=profiles)
         for (ds, gpu), g in df[df["variant"] == "tbe"].groupby(["dataset", "gpu"], sort=False):
             us = float(g["batch_us"].iloc[0])
             out.append({"dtype": dtype, "row bytes": wl.row_bytes, "dataset": ds, "gpu": gpu,
