@@ -26,7 +26,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -360,19 +360,17 @@ def _predictions_key(exp: ExperimentConfig, targets: Sequence[str], code: CodeFa
     """Everything an experiment's predictions depend on, digested: the experiment, the
     targets, the kernels' facts, the package's code and data, the stored calibrations and
     each trace file's identity (path, size, modification time)."""
-    h = hashlib.sha256(_package_digest().encode())
-    h.update(json.dumps([exp.to_dict(), list(targets), list(cache_ratios or []), mode, custom, pd.__version__,
-                         np.__version__], sort_keys=True, default=str).encode())
-    for frame in (code.static, code.sass):
-        h.update(b"|" + (frame.to_csv(index=False).encode() if frame is not None else b""))
+    parts = [json.dumps([exp.to_dict(), list(targets), list(cache_ratios or []), mode, custom, pd.__version__,
+                         np.__version__], sort_keys=True, default=str).encode()]
+    parts += [b"|" + (frame.to_csv(index=False).encode() if frame is not None else b"")
+              for frame in (code.static, code.sass)]
     for spec in exp.datasets:
         parsed = parse_dataset(spec)
         if not isinstance(parsed, Hotness):
             with contextlib.suppress(OSError):
                 st = Path(parsed).stat()
-                h.update(f"{Path(parsed).resolve()}:{st.st_size}:{st.st_mtime_ns}".encode())
-    _digest_calibrations(h)
-    return h.hexdigest()[:24]
+                parts.append(f"{Path(parsed).resolve()}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return _inputs_digest(parts)
 
 
 def _kept_predictions(key: str) -> pd.DataFrame | None:
@@ -447,21 +445,23 @@ def model_validation(code: CodeFacts | None = None, progress: Reporter | Progres
 
 def _claims_key(code: CodeFacts) -> str:
     """What the paper claims' check depends on, digested."""
+    return _inputs_digest(frame[frame["variant"].isin(CLAIM_VARIANTS) & (frame["arch"] == CLAIM_ARCH)]
+                          .to_csv(index=False).encode()
+                          for frame in (code.static, code.sass)
+                          if frame is not None and not frame.empty and {"variant", "arch"} <= set(frame.columns))
+
+
+def _inputs_digest(parts: Iterable[bytes]) -> str:
+    """A cache key: the package's code and data, `parts`, then the stored calibrations (the
+    model's constants per GPU), digested."""
     h = hashlib.sha256(_package_digest().encode())
-    for frame in (code.static, code.sass):
-        if frame is not None and not frame.empty and {"variant", "arch"} <= set(frame.columns):
-            rows = frame[frame["variant"].isin(CLAIM_VARIANTS) & (frame["arch"] == CLAIM_ARCH)]
-            h.update(rows.to_csv(index=False).encode())
-    _digest_calibrations(h)
-    return h.hexdigest()[:24]
-
-
-def _digest_calibrations(h: Any) -> None:
-    """Feed the stored calibrations (the model's constants per GPU) to the digest `h`."""
+    for part in parts:
+        h.update(part)
     folder = calibration_dir()
     for f in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         with contextlib.suppress(OSError):
             h.update(f.name.encode() + f.read_bytes())
+    return h.hexdigest()[:24]
 
 
 @functools.lru_cache(maxsize=1)
