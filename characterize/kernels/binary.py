@@ -25,15 +25,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import subprocess
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
 from characterize.errors import BinaryError
+from characterize.files import write_atomic
 from characterize.kernels.build import cache_root, demangle
 from characterize.kernels.sass import LoopRow, analyze_kernel, find_cuobjdump, parse_sass
 
@@ -114,10 +113,7 @@ def _cached(key: dict, make) -> str:
     if path.is_file():
         return path.read_text()
     text = make()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}-{threading.get_ident()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    write_atomic(path, text)
     return text
 
 
