@@ -7,7 +7,14 @@ import os
 from pathlib import Path
 
 import pytest
-import torch
+
+# pytest-xdist runs one worker per core and the processes the tests start run beside them:
+# one intra-op thread each, or idle OpenMP and OpenBLAS pools spin on the cores the other
+# workers need (set before torch and numpy load, inherited by every subprocess)
+for _pool in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_pool, "1")
+
+import torch  # noqa: E402
 
 from characterize.config import WorkloadConfig
 from characterize.errors import ToolchainNotFound
