@@ -14,13 +14,14 @@ run). Two independent mechanisms end such an orphan:
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
 import sys
 import threading
 import time
-from typing import Callable
+from typing import Callable, Iterator
 
 PR_SET_PDEATHSIG = 1
 #: exit status of a child that found its supervisor gone (nobody reads it; for logs and tests)
@@ -102,6 +103,27 @@ def _orphaned() -> None:
     (the main thread may be inside a long native call)."""
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(ORPHAN_GRACE_S)
+
+
+@contextlib.contextmanager
+def whole() -> Iterator[None]:
+    """A stop (SIGTERM) asked for inside the block takes effect when it ends: what the block
+    records (a point file and its log line) is recorded whole, never the file without the
+    line, which would look to a resume like a point finished but never measured."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    asked: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, _frame: asked.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if asked:
+        if callable(previous):
+            previous(signal.SIGTERM, None)
+        else:
+            signal.raise_signal(signal.SIGTERM)
 
 
 def supervise(supervisor: int | None) -> None:

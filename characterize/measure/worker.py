@@ -55,7 +55,7 @@ from characterize.kernels.library import (
     device_state,
 )
 from characterize.kernels.registry import get_variant, register_user, uvm_mode
-from characterize.measure.lifeline import supervise
+from characterize.measure.lifeline import supervise, whole
 from characterize.measure.timing import L2Flusher, preallocate, time_point, timed_batch_index
 from characterize.memory import check_memory
 from characterize.store import RunDir, load_run, point_key
@@ -346,18 +346,20 @@ def run_bench(run_dir: Path, points: list[tuple[str, str]], backend: str) -> int
                 failed = {"status": "failed", "error": str(e)}
                 if getattr(e, "check", None) is not None:
                     failed["check"] = e.check  # type: ignore[attr-defined]
-                writer.write_point("bench", v, dataset, failed)
-                writer.log(f"bench {v} {dataset}: failed: {e}")
+                with whole():
+                    writer.write_point("bench", v, dataset, failed)
+                    writer.log(f"bench {v} {dataset}: failed: {e}")
                 print(escape_text(f"[{done}/{len(points)}] {v} {dataset}: FAILED: {e}"), file=sys.stderr, flush=True)
                 if isinstance(e, KernelLaunchError) and backend == "cuda":
                     inflight.unlink(missing_ok=True)
                     return EXIT_CUDA_ERROR
                 continue
-            writer.write_point("bench", v, dataset, record)
             steady = record["summary"][0]
             msg = (f"[{done}/{len(points)}] {v} {dataset}: {steady['mode']} {steady['per_table_us']:.1f} us/table "
                    f"+-{100 * steady['rel_ci']:.1f}% ({steady['reps']} reps)")
-            writer.log(f"bench {msg}")
+            with whole():
+                writer.write_point("bench", v, dataset, record)
+                writer.log(f"bench {msg}")
             print(escape_text(msg), file=sys.stderr, flush=True)
         inflight.unlink(missing_ok=True)
     return 0

@@ -20,7 +20,7 @@ from characterize import store
 from characterize.cli import main
 from characterize.errors import RunDirLocked
 from characterize.kernels.build import _remove_litter
-from characterize.measure.lifeline import EXIT_ORPHANED
+from characterize.measure.lifeline import EXIT_ORPHANED, whole
 from characterize.store import RunDir, RunLock, load_run
 from tests.conftest import write_experiment
 
@@ -118,6 +118,28 @@ def test_the_parent_death_signal_is_armed_only_when_the_runner_is_the_direct_par
     assert _armed_signal("os.getppid()") == signal.SIGTERM
     # the profile target, which ncu forks (no --supervisor): nothing armed, ncu's exit is not ours to follow
     assert _armed_signal("None") == 0
+
+
+def _stop(_signum, _frame):
+    raise SystemExit(EXIT_ORPHANED)
+
+
+def test_a_stop_asked_for_while_a_point_is_recorded_waits_for_its_log_line():
+    """The worker records a point and its log line inside whole(): a SIGTERM (its parent's
+    death) arriving between the two stops the worker after both, not between them."""
+    done = []
+    previous = signal.signal(signal.SIGTERM, _stop)
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            with whole():
+                done.append("point")
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.05)  # without whole() the handler raises here
+                done.append("log line")
+        assert stopped.value.code == EXIT_ORPHANED and done == ["point", "log line"]
+        assert signal.getsignal(signal.SIGTERM) is _stop
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @pytest.mark.slow
