@@ -16,10 +16,19 @@ import contextlib
 import os
 import stat
 import tempfile
+import time
 from pathlib import Path
 from typing import IO, Iterable, Iterator
 
 from characterize.errors import OutputError, escape_text
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX: no locking
+    fcntl = None  # type: ignore[assignment]
+
+#: seconds a process waits for another one's `one_at_a_time` block before doing the work itself
+ONE_AT_A_TIME_WAIT_S = 900.0
 
 _KINDS = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
           (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"))
@@ -101,3 +110,37 @@ def write_atomic(path: str | Path, data: str | bytes, inputs: Iterable[str | Pat
     a regular file (or nothing) is replaced, never one of `inputs`."""
     with atomic_output(path, inputs) as f:
         f.write(data.encode() if isinstance(data, str) else data)
+
+
+@contextlib.contextmanager
+def one_at_a_time(lock: Path, wait_s: float = ONE_AT_A_TIME_WAIT_S) -> Iterator[bool]:
+    """Across processes, one at a time inside the block (flock on `lock`, created with its
+    folder): work that several processes would otherwise all do at once (the same library
+    compiled by every task of a Slurm array on a shared cache) is done by the first while
+    the others wait, then find its result. Best effort: where the lock cannot be taken (no
+    flock, a read-only folder, `wait_s` passed) the block runs anyway; yields whether it
+    holds the lock."""
+    fd = None
+    if fcntl is not None:
+        try:
+            lock.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError:
+            fd = None
+    held = False
+    try:
+        deadline = time.monotonic() + wait_s
+        while fd is not None and not held:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                held = True
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(0.05)
+            except OSError:   # no locks on this file system
+                break
+        yield held
+    finally:
+        if fd is not None:
+            os.close(fd)   # releases the lock

@@ -37,6 +37,7 @@ from characterize.errors import (
     ToolchainNotFound,
     describe_os_error,
 )
+from characterize.files import one_at_a_time
 from characterize.hardware.devices import driver_cuda_version
 from characterize.hardware.specs import ARCHS, REFERENCE_ARCH, nearest_arch
 from characterize.progress import Progress, Reporter, as_reporter
@@ -576,11 +577,22 @@ def build(spec: BuildSpec, *, force: bool = False) -> BuildResult:
         raise BuildError(f"kernel sources not found in {kernels_dir()} (set CHARACTERIZE_KERNELS)")
     tool = _toolchain_for(spec)
     final = _cache_dir(spec, tool)
-    key = final.name
     if not force:
         meta = verified_entry(final, spec.filename)
         if meta is not None:
             return _result(spec, final, meta, cached=True)
+    # processes building the same entry at once (a Slurm array, runs side by side) compile it once
+    with one_at_a_time(cache_root() / "locks" / f"{final.name}.lock"):
+        if not force:
+            meta = verified_entry(final, spec.filename)
+            if meta is not None:
+                return _result(spec, final, meta, cached=True)
+        return _compile(spec, tool, final, force)
+
+
+def _compile(spec: BuildSpec, tool: Toolchain, final: Path, force: bool) -> BuildResult:
+    """Compile `spec` into a temporary folder beside `final`, verify it, install it as `final`."""
+    key = final.name
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:

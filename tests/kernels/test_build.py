@@ -1,10 +1,13 @@
 import re
 import shutil
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from characterize import toolchain
 from characterize.errors import BuildError, ToolchainNotFound
+from characterize.files import one_at_a_time
 from characterize.kernels import build as B
 from characterize.kernels.build import (
     BuildSpec,
@@ -205,3 +208,28 @@ def test_the_environments_nvcc_wheel_comes_before_usr_local_cuda(tmp_path):
     mine = [(p, w) for p, w in found if str(p).startswith(str(tmp_path))]   # (the venv's own wheels aside)
     assert [w for _, w in mine] == ["pip wheel", str(tmp_path / "usr" / "cuda")] and mine[1][0] == system
     assert found[-1][0] == system   # every wheel before /usr/local/cuda
+
+
+def test_builders_of_the_same_entry_at_once_compile_it_once(tmp_path, monkeypatch):
+    """Two builders of one cache entry at once (the tasks of a Slurm array on a shared
+    cache): the first compiles, the other waits for it and takes its library."""
+    monkeypatch.setenv("CHARACTERIZE_CACHE", str(tmp_path))
+    start = threading.Barrier(2)
+
+    def builder() -> B.BuildResult:
+        start.wait()
+        return build(BuildSpec("emulate"))
+
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda _: builder(), range(2)))
+    assert sorted(r.cached for r in results) == [False, True]
+    assert results[0].library == results[1].library and results[0].library.is_file()
+
+
+def test_a_lock_that_is_not_released_in_time_lets_the_work_go_on(tmp_path):
+    lock = tmp_path / "locks" / "x.lock"
+    with one_at_a_time(lock) as first:
+        with one_at_a_time(lock, wait_s=0.2) as second:
+            assert first and not second
+    with one_at_a_time(lock, wait_s=0.2) as third:
+        assert third
