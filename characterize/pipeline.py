@@ -61,7 +61,7 @@ from characterize.errors import (
     WorkloadError,
     describe_os_error,
 )
-from characterize.files import write_atomic
+from characterize.files import one_at_a_time, write_atomic
 from characterize.hardware.devices import devices, require_gpu
 from characterize.hardware.specs import gpu_spec, normalize_arch
 from characterize.kernels.build import buildable_arch, cache_root, reported_builds, toolkit_record
@@ -430,17 +430,23 @@ def model_validation(code: CodeFacts | None = None, progress: Reporter | Progres
     wl = WorkloadConfig.paper()
     if code is None or not code.covers(CLAIM_VARIANTS, [CLAIM_ARCH], wl.D):
         code = code_facts(CLAIM_VARIANTS, [CLAIM_ARCH], wl.D, progress=progress)
-    path = cache_root() / "claims" / f"{_claims_key(code)}.csv"
+    key = _claims_key(code)
+    path = cache_root() / "claims" / f"{key}.csv"
     try:
         return pd.read_csv(path)
     except (OSError, ValueError):
         pass
-    claims = paper_claims(wl, CLAIM_ARCH, static=code.static, sass=code.sass)
-    try:
-        write_atomic(path, claims.to_csv(index=False))
-        return pd.read_csv(path)   # as a later run reads it back, so both runs write the same file
-    except (OSError, ValueError):   # OutputError is a ValueError
-        return claims
+    with one_at_a_time(cache_root() / "locks" / f"claims-{key}.lock"):   # runs started together compute it once
+        try:
+            return pd.read_csv(path)
+        except (OSError, ValueError):
+            pass
+        claims = paper_claims(wl, CLAIM_ARCH, static=code.static, sass=code.sass)
+        try:
+            write_atomic(path, claims.to_csv(index=False))
+            return pd.read_csv(path)   # as a later run reads it back, so both runs write the same file
+        except (OSError, ValueError):   # OutputError is a ValueError
+            return claims
 
 
 def _claims_key(code: CodeFacts) -> str:
