@@ -325,9 +325,11 @@ class SlurmConfig:
     constraint: str = ""                # sbatch --constraint, e.g. a node feature naming the GPU
     setup: tuple[str, ...] = ()         # shell lines run before each task (module load, venv activation)
     gpus: dict[str, dict[str, str]] = field(default_factory=dict)  # GPU type -> {partition, constraint}
+    poll: float = 2.0                   # seconds between two looks at the queue (squeue, sacct)
 
     def validate(self) -> "SlurmConfig":
         _count("slurm.time", self.time, 1, MAX_SECONDS // 60, "slurm.time is minutes per point")
+        _seconds("slurm.poll", self.poll, 0.05, 600, "seconds between two looks at the Slurm queue")
         _count("slurm.gpus_per_task", self.gpus_per_task, 0, 64, "GPUs per task")
         for name, where in self.gpus.items():
             if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):

@@ -56,8 +56,8 @@ SLURM_FINAL = {"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREE
                "BOOT_FAIL", "DEADLINE", "REVOKED", "SPECIAL_EXIT"}
 #: seconds to wait for cancelled jobs of an earlier submission to be gone before submitting again
 LEFTOVER_WAIT_S = 180.0
-#: polls after which a job the scheduler no longer lists counts as ended (state UNKNOWN)
-UNKNOWN_POLLS = 30
+#: seconds after which a job the scheduler no longer lists counts as ended (state UNKNOWN)
+UNKNOWN_AFTER_S = 60.0
 #: submitit LocalJob states of a process that has ended
 LOCAL_FINAL = {"FINISHED", "INTERRUPTED", "NO PROCESS AND NO RESULT"}
 
@@ -344,7 +344,7 @@ def _wait(pending: list[_Point], progress: Progress, poll_s: float) -> dict[str,
                     continue
                 ended, facts = _job_state(p, slurm)
                 p.unknown = p.unknown + 1 if facts.get("state") == "UNKNOWN" else 0
-                ended = ended or p.unknown >= UNKNOWN_POLLS
+                ended = ended or p.unknown * poll_s >= UNKNOWN_AFTER_S
                 outcome = _outcome(p.job)
                 if outcome is None and not ended:
                     continue
@@ -449,13 +449,10 @@ def measure_points(run: RunDir, kind: str, exp: ExperimentConfig, points: Sequen
     if not points:
         return {"ok": 0, "failed": 0, "ran": []}
     pending = _submit_slurm(run, kind, exp, points, placement, progress)
-    counts = _wait(pending, progress, SLURM_POLL_S) if pending else {"ok": 0, "failed": 0, "ran": []}
+    counts = _wait(pending, progress, exp.slurm.poll) if pending else {"ok": 0, "failed": 0, "ran": []}
     _record_placement(run, exp, placement, counts["ran"])
     return counts
 
-
-#: seconds between two looks at the Slurm queue
-SLURM_POLL_S = 2.0
 
 
 def _submit_slurm(run: RunDir, kind: str, exp: ExperimentConfig, points: Sequence[tuple[str, str]],
@@ -532,7 +529,7 @@ def measure_stage(run: RunDir, kind: str, exp: ExperimentConfig, placement: Plac
     except SchedulerError:
         _cancel(pending)  # one type refused: the others' jobs are not left running unwatched
         raise
-    counts = _wait(pending, progress, SLURM_POLL_S) if pending else {"ok": 0, "failed": 0, "ran": []}
+    counts = _wait(pending, progress, exp.slurm.poll) if pending else {"ok": 0, "failed": 0, "ran": []}
     for name, sub in types:
         _record_placement(sub, exp, replace(placement, where=exp.slurm.gpus[name]), counts["ran"])
     return counts

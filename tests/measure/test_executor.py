@@ -124,6 +124,9 @@ def test_slurm_config_section_and_its_command_line_overrides(tmp_path):
         ExperimentConfig.from_dict({"slurm": {"gpus": {"a100": {"gres": "gpu:a100:1"}}}}).validate()
     with pytest.raises(ConfigError, match="slurm.time must be an integer, got '30'"):
         ExperimentConfig.from_dict({"slurm": {"time": "30"}})
+    assert ExperimentConfig.from_dict({"slurm": {"poll": 0.5}}).validate().slurm.poll == 0.5
+    with pytest.raises(ConfigError, match="slurm.poll must be a finite number above 0.05"):
+        ExperimentConfig.from_dict({"slurm": {"poll": 0}}).validate()
 
 
 def test_slurm_executor_asks_for_what_the_config_says(tmp_path, monkeypatch):

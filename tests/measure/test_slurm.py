@@ -23,6 +23,8 @@ from tests.conftest import fixtures_dir, write_experiment
 
 ROOT = Path(__file__).resolve().parents[2]
 UP = ROOT / ".ci" / "slurm-up.sh"
+#: the test cluster answers at once: its runs look at the queue four times as often as the default
+POLL = "poll = 0.5\n"
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +93,7 @@ def test_a_run_through_slurm_matches_the_local_run_and_resume_finishes_a_cancell
                            max_reps=3, budget=0.1)
     # the array's last task waits in its setup, so it is certainly running, without its point, when
     # the others have finished; a resubmitted point is task 0 of a new array and does not wait
-    exp.write_text(exp.read_text() + f'\n[slurm]\nsetup = ["[ \\"$SLURM_ARRAY_TASK_ID\\" != {n - 1} ] || sleep 300"]\n')
+    exp.write_text(exp.read_text() + f'\n[slurm]\nsetup = ["[ \\"$SLURM_ARRAY_TASK_ID\\" != {n - 1} ] || sleep 300"]\n{POLL}')
     local_dir, slurm_dir = tmp_path / "local" / "tiny", tmp_path / "slurm" / "tiny"
     # the local reference runs beside the Slurm run (bench budgets are wall time, so they overlap)
     local = subprocess.Popen([sys.executable, "-m", "characterize.cli", "run", str(exp), "--backend", "emulate",
@@ -156,7 +158,7 @@ def test_two_gpu_types_are_measured_into_one_run_and_compared_side_by_side(slurm
     exp = write_experiment(tmp_path, variants=("torch", "base"), datasets=("random",), caps=(), max_reps=3,
                            budget=0.1)
     # two "GPU types" of the test cluster: its two partitions, one also by the node's feature
-    exp.write_text(exp.read_text() + '\n[slurm]\ntime = 5\n[slurm.gpus.first]\npartition = "debug"\n'
+    exp.write_text(exp.read_text() + f'\n[slurm]\ntime = 5\n{POLL}[slurm.gpus.first]\npartition = "debug"\n'
                    '[slurm.gpus.second]\npartition = "second"\nconstraint = "chz-emulate"\n')
     out = tmp_path / "run"
     r = cli(slurm_env, "run", exp, "--executor", "slurm", "--backend", "emulate", "--out", out, timeout=900)
@@ -181,7 +183,7 @@ def test_resume_after_the_submitter_was_killed_cancels_its_orphaned_jobs_first(s
     # the first submission's jobs wait in their setup until the flag exists, so they are
     # still running when the resume starts, however fast the node is; the resubmitted ones do not wait
     flag = tmp_path / "go"
-    exp.write_text(exp.read_text() + f'\n[slurm]\nsetup = ["[ -e {flag} ] || sleep 300"]\n')
+    exp.write_text(exp.read_text() + f'\n[slurm]\nsetup = ["[ -e {flag} ] || sleep 300"]\n{POLL}')
     out = tmp_path / "run"
     args = [sys.executable, "-m", "characterize.cli", "bench", str(exp), "--backend", "emulate", "--executor",
             "slurm", "--out", str(out)]
@@ -220,6 +222,7 @@ def test_profile_through_slurm_runs_ncu_on_the_node(slurm_env, tmp_path):
     env = dict(slurm_env, FAKE_NCU_LOG=str(tmp_path / "calls.jsonl"), FAKE_NCU_REPORT=str(report),
                CHARACTERIZE_BACKEND="emulate")
     exp = write_experiment(tmp_path, variants=("base",), datasets=("medium", "random"), caps=())
+    exp.write_text(exp.read_text() + f"\n[slurm]\n{POLL}")
     out = tmp_path / "run"
     r = cli(env, "profile", exp, "--executor", "slurm", "--ncu", ncu, "--out", out, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
