@@ -181,9 +181,11 @@ def test_resume_after_the_submitter_was_killed_cancels_its_orphaned_jobs_first(s
     exp = write_experiment(tmp_path, variants=("torch", "base", "warp"), datasets=("random",), caps=(),
                            max_reps=3, budget=0.1)
     # the first submission's jobs wait in their setup until the flag exists, so they are
-    # still running when the resume starts, however fast the node is; the resubmitted ones do not wait
-    flag = tmp_path / "go"
-    exp.write_text(exp.read_text() + f'\n[slurm]\nsetup = ["[ -e {flag} ] || sleep 300"]\n{POLL}')
+    # still running when the resume starts, however fast the node is; the resubmitted ones do not wait.
+    # A job says it waits (`waiting`) only once it has decided to: RUNNING alone is not enough, a
+    # loaded node may start the setup's shell after the flag was set
+    flag, waiting = tmp_path / "go", tmp_path / "waiting"
+    exp.write_text(exp.read_text() + f'\n[slurm]\nsetup = ["[ -e {flag} ] || {{ touch {waiting}; sleep 300; }}"]\n{POLL}')
     out = tmp_path / "run"
     args = [sys.executable, "-m", "characterize.cli", "bench", str(exp), "--backend", "emulate", "--executor",
             "slurm", "--out", str(out)]
@@ -197,9 +199,9 @@ def test_resume_after_the_submitter_was_killed_cancels_its_orphaned_jobs_first(s
     assert record.is_file()
     array = re.findall(r"\d+", record.read_text())[0]
     deadline = time.monotonic() + 120
-    while "RUNNING" not in squeue(slurm_env, array).values() and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert "RUNNING" in squeue(slurm_env, array).values()
+    while not waiting.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert waiting.exists() and "RUNNING" in squeue(slurm_env, array).values()
     flag.touch()
     r = cli(slurm_env, *args[3:], "--resume", timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
