@@ -454,7 +454,6 @@ def measure_points(run: RunDir, kind: str, exp: ExperimentConfig, points: Sequen
     return counts
 
 
-
 def _submit_slurm(run: RunDir, kind: str, exp: ExperimentConfig, points: Sequence[tuple[str, str]],
                   placement: Placement, progress: Progress, label: str = "") -> list[_Point]:
     folder = run.path / JOBS_DIR
