@@ -432,10 +432,6 @@ def model_validation(code: CodeFacts | None = None, progress: Reporter | Progres
         code = code_facts(CLAIM_VARIANTS, [CLAIM_ARCH], wl.D, progress=progress)
     key = _claims_key(code)
     path = cache_root() / "claims" / f"{key}.csv"
-    try:
-        return pd.read_csv(path)
-    except (OSError, ValueError):
-        pass
     with one_at_a_time(cache_root() / "locks" / f"claims-{key}.lock"):   # runs started together compute it once
         try:
             return pd.read_csv(path)

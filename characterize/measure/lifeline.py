@@ -117,8 +117,8 @@ def whole() -> Iterator[None]:
     previous = signal.signal(signal.SIGTERM, lambda signum, _frame: asked.append(signum))
     try:
         yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    finally:   # a handler installed outside Python reads as None: the default one stands in for it
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
     if asked:
         if callable(previous):
             previous(signal.SIGTERM, None)
