@@ -138,8 +138,19 @@ struct chz_tbe_args {
                             // out: the width of row numbers in the instance launched
   int32_t grid;             // blocks launched
   int32_t total_tasks;      // warp tasks of all tables
-  int32_t tasks_per_warp;   // each warp's slice of them: this many,
-  int32_t extra_tasks;      // and one more for the first extra_tasks warps
+  int32_t tasks_per_warp;   // each warp's slice of the first phase's tasks: this many,
+  int32_t extra_tasks;      // and one more for extra_tasks warps
+  // Work order: the tables are walked in phases of consecutive tables, every warp taking a slice
+  // of each phase's tasks in turn, so that the tables in flight at any moment are about one
+  // phase's (their hot rows then share the L2 with few others). One phase of every table is the
+  // plain order: warp w's contiguous slice of all tasks.
+  int32_t num_phases;       // in: phases (0: one phase of every table); out: phases launched
+  int32_t phase_tables[kTbeMaxTables];  // in: tables per phase, in order (summing to num_tables)
+  // filled by the launcher, per phase p
+  int32_t phase_first_table[kTbeMaxTables];
+  int32_t phase_first_task[kTbeMaxTables + 1];  // [p + 1] ends phase p
+  int32_t phase_rotation[kTbeMaxTables];  // warp w takes slice (w + rotation) % warps: the warps left
+                                          // short in one phase are first served in the next
   chz_tbe_table tables[kTbeMaxTables];
 };
 
@@ -621,30 +632,71 @@ __device__ __forceinline__ void chz_tbe_short(const volatile chz_tbe_table& d, i
   }
 }
 
-// Warp w gathers the w-th contiguous slice of all tables' warp tasks, table by table (the
-// launcher splits the list: tasks_per_warp each, one more for the first extra_tasks warps).
+// A warp's walk over the phases, kept in shared memory rather than in registers held through the
+// gather's loops (each field is read once per phase or per table; in registers, ptxas spilled
+// some of them on sm_100).
+struct chz_tbe_walk {
+  int32_t phase;  // the phase being walked
+  int32_t end;    // the end of the warp's slice of its tasks
+  int32_t table;  // the table being walked
+  int32_t warp;   // the warp's index in the grid
+};
+
+// Per phase, warp w gathers a contiguous slice of the phase's warp tasks, table by table (the
+// launcher gives each phase's first table, first task and rotation; a phase of n tasks over W
+// warps gives n / W to each and one more to n % W of them). With one phase this is the plain
+// order: the w-th contiguous slice of all tables' tasks.
 // Each table's descriptor is copied into the warp's shared-memory slot when the warp starts it.
 template <int V, typename Idx, typename Row, bool kShort>
 __global__ void __launch_bounds__(kTbeBlock, chz_tbe_min_blocks(V, kShort)) chz_tbe_kernel(const chz_tbe_args a) {
   __shared__ chz_tbe_table slots[kTbeBlock / 32];
+  // the warp's phase and the end of its slice live in shared memory, not in registers held
+  // through the gather's loops (they are read once per table)
+  __shared__ chz_tbe_walk walks[kTbeBlock / 32];
   const int lane = threadIdx.x & 31;
   volatile chz_tbe_table& slot = slots[threadIdx.x >> 5];
-  const int32_t warp = (int32_t)((blockIdx.x * blockDim.x + threadIdx.x) >> 5);
-  int32_t task = warp * a.tasks_per_warp + chz_min(warp, a.extra_tasks);
-  const int32_t task_end = task + a.tasks_per_warp + (warp < a.extra_tasks ? 1 : 0);
-  int t = 0;
-  while (task < task_end) {
-    while (task >= a.tables[t].first_task + a.tables[t].tasks) ++t;
-    const int32_t last = chz_min(task_end, a.tables[t].first_task + a.tables[t].tasks);
-    constexpr int kWords = (int)(sizeof(chz_tbe_table) / 4);
-    static_assert(kWords <= 32, "a descriptor is copied one word per lane");
-    __syncwarp();  // every lane is done with the previous table's descriptor
-    if (lane < kWords)
-      reinterpret_cast<volatile uint32_t*>(&slot)[lane] = reinterpret_cast<const uint32_t*>(&a.tables[t])[lane];
+  volatile chz_tbe_walk& walk = walks[threadIdx.x >> 5];
+  volatile int32_t& phase = walk.phase;
+  volatile int32_t& task_end = walk.end;
+  volatile int32_t& t = walk.table;
+  if (lane == 0) {
+    phase = 0;
+    walk.warp = (int32_t)((blockIdx.x * blockDim.x + threadIdx.x) >> 5);
+  }
+  __syncwarp();
+  for (int p = phase; p < a.num_phases; p = phase) {
+    const int32_t warps = (int32_t)(gridDim.x * (kTbeBlock / 32));
+    const int32_t warp = walk.warp;
+    const int32_t first = a.phase_first_task[p];
+    const int32_t n = a.phase_first_task[p + 1] - first;
+    const int32_t q = n / warps, r = n - q * warps;
+    int32_t w = warp + a.phase_rotation[p];
+    if (w >= warps) w -= warps;
+    int32_t task = first + w * q + chz_min(w, r);
     __syncwarp();
-    if constexpr (kShort) chz_tbe_short<V, Idx, Row>(slot, a.mode, task, last);
-    else chz_tbe_long<V, Idx, Row>(slot, a.mode, task, last);
-    task = last;
+    if (lane == 0) {
+      task_end = task + q + (w < r ? 1 : 0);
+      t = a.phase_first_table[p];
+    }
+    __syncwarp();
+    while (task < task_end) {
+      int tt = t;
+      while (task >= a.tables[tt].first_task + a.tables[tt].tasks) ++tt;
+      const int32_t last = chz_min((int32_t)task_end, a.tables[tt].first_task + a.tables[tt].tasks);
+      constexpr int kWords = (int)(sizeof(chz_tbe_table) / 4);
+      static_assert(kWords <= 32, "a descriptor is copied one word per lane");
+      __syncwarp();  // every lane is done with the previous table's descriptor
+      if (lane < kWords)
+        reinterpret_cast<volatile uint32_t*>(&slot)[lane] = reinterpret_cast<const uint32_t*>(&a.tables[tt])[lane];
+      if (lane == 0) t = tt;
+      __syncwarp();
+      if constexpr (kShort) chz_tbe_short<V, Idx, Row>(slot, a.mode, task, last);
+      else chz_tbe_long<V, Idx, Row>(slot, a.mode, task, last);
+      task = last;
+    }
+    __syncwarp();
+    if (lane == 0) phase = phase + 1;
+    __syncwarp();
   }
 }
 
@@ -736,8 +788,14 @@ static int chz_tbe_launch(chz_tbe_args* a, const chz_launch* l, void* stream, in
   if (grid > needed) grid = (int)needed;
   a->grid = grid;
   const int32_t warps = grid * warps_per_block;
-  a->tasks_per_warp = a->total_tasks / warps;
-  a->extra_tasks = a->total_tasks % warps;
+  int32_t rotation = 0;
+  for (int p = 0; p < a->num_phases; ++p) {
+    a->phase_rotation[p] = rotation;
+    rotation = (int32_t)((rotation + (a->phase_first_task[p + 1] - a->phase_first_task[p]) % warps) % warps);
+  }
+  const int32_t first_phase = a->phase_first_task[1] - a->phase_first_task[0];
+  a->tasks_per_warp = first_phase / warps;
+  a->extra_tasks = first_phase % warps;
   a->vectors_per_lane = V;
   a->row_bits = sizeof(Row) * 8;
   CHZ_LAUNCH_COOPERATIVE(kernel, grid, dim3(kTbeBlock), 0, (cudaStream_t)stream, *a);
@@ -769,6 +827,17 @@ CHZ_EXPORT int chz_tbe_forward(chz_tbe_args* a, const chz_launch* l, void* strea
       a->path < CHZ_TBE_AUTO || a->path > CHZ_TBE_SHORT)
     return CHZ_ERR_BAD_ARGUMENT;
   if (l->block_x != kTbeBlock || l->block_y != 1) return CHZ_ERR_BAD_ARGUMENT;
+  if (a->num_phases < 0 || a->num_phases > a->num_tables) return CHZ_ERR_BAD_ARGUMENT;
+  if (a->num_phases == 0) {
+    a->num_phases = 1;
+    a->phase_tables[0] = a->num_tables;
+  }
+  for (int p = 0, first = 0; p < a->num_phases; ++p) {
+    if (a->phase_tables[p] < 1 || first + a->phase_tables[p] > a->num_tables) return CHZ_ERR_BAD_ARGUMENT;
+    a->phase_first_table[p] = first;
+    first += a->phase_tables[p];
+    if (p + 1 == a->num_phases && first != a->num_tables) return CHZ_ERR_BAD_ARGUMENT;
+  }
   int V = 1;
   bool rows32 = a->row_bits != 64;
   int64_t lookups = 0, bags = 0;
@@ -798,6 +867,8 @@ CHZ_EXPORT int chz_tbe_forward(chz_tbe_args* a, const chz_launch* l, void* strea
     if (tasks >= (int64_t)1 << 31) return CHZ_ERR_UNSUPPORTED;
   }
   a->total_tasks = (int32_t)tasks;
+  for (int p = 0; p < a->num_phases; ++p) a->phase_first_task[p] = a->tables[a->phase_first_table[p]].first_task;
+  a->phase_first_task[a->num_phases] = (int32_t)tasks;
   a->grid = 0;
   if (tasks == 0) return CHZ_OK;
   switch (V) {

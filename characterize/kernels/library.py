@@ -687,6 +687,10 @@ class TbeArgs(ctypes.Structure):
         ("path", ctypes.c_int32), ("bags_per_run", ctypes.c_int32), ("vectors_per_lane", ctypes.c_int32),
         ("row_bits", ctypes.c_int32), ("grid", ctypes.c_int32), ("total_tasks", ctypes.c_int32),
         ("tasks_per_warp", ctypes.c_int32), ("extra_tasks", ctypes.c_int32),
+        ("num_phases", ctypes.c_int32), ("phase_tables", ctypes.c_int32 * TBE_MAX_TABLES),
+        ("phase_first_table", ctypes.c_int32 * TBE_MAX_TABLES),
+        ("phase_first_task", ctypes.c_int32 * (TBE_MAX_TABLES + 1)),
+        ("phase_rotation", ctypes.c_int32 * TBE_MAX_TABLES),
         ("tables", TbeTableArgs * TBE_MAX_TABLES),
     ]
 
@@ -728,6 +732,14 @@ def tbe_params(params: dict[str, int], rows: Sequence[int]) -> dict[str, int]:
     return out
 
 
+def tbe_phases(tables: int, tables_in_flight: int) -> list[int]:
+    """Tables per phase of a tbe launch over `tables` tables walked `tables_in_flight` at a time
+    (0, or as many as the launch has: one phase, the plain order, given as [])."""
+    if tables_in_flight <= 0 or tables_in_flight >= tables:
+        return []
+    return [min(tables_in_flight, tables - s) for s in range(0, tables, tables_in_flight)]
+
+
 class TbeLibrary(CudaLibrary):
     """The table-batched kernel's library (kernels/tbe.cu, one per dtype)."""
 
@@ -762,22 +774,28 @@ class TbeLibrary(CudaLibrary):
         return blocks.value, regs.value
 
     def launch(self, entries: Sequence[TbeEntry], mode: str, padding: int, params: dict[str, int],
-               stream: int | None, grid: int = 0, row_bits: int = 0) -> list[BagOutputs]:
+               stream: int | None, grid: int = 0, row_bits: int = 0, tables_in_flight: int = 0) -> list[BagOutputs]:
         """One launch for up to TBE_MAX_TABLES tables of this library's dtype (more: one per 64).
         `padding` is the padding row of every table (-1: none); `params` holds index_bits and
         optionally short (0/1; absent: chosen per launch) and bags_per_run; `row_bits` 64 forces
-        the 64-bit row-number instance (tests: tables of 2^31 rows are not made for them)."""
+        the 64-bit row-number instance (tests: tables of 2^31 rows are not made for them);
+        `tables_in_flight` > 0 walks the tables in phases of that many (0: one phase, the plain order)."""
         outs: list[BagOutputs] = []
         for start in range(0, len(entries), TBE_MAX_TABLES):
-            outs += self._launch(entries[start:start + TBE_MAX_TABLES], mode, padding, params, stream, grid, row_bits)
+            outs += self._launch(entries[start:start + TBE_MAX_TABLES], mode, padding, params, stream, grid, row_bits,
+                                 tables_in_flight)
         return outs
 
     def _launch(self, entries: Sequence[TbeEntry], mode: str, padding: int, params: dict[str, int],
-                stream: int | None, grid: int, row_bits: int) -> list[BagOutputs]:
+                stream: int | None, grid: int, row_bits: int, tables_in_flight: int) -> list[BagOutputs]:
         idx_type = index_dtype(params)
         args = TbeArgs(num_tables=len(entries), mode=1 if mode == "mean" else 0,
                        index_bits=32 if idx_type == torch.int32 else 64, row_bits=row_bits,
                        path={None: 0, 0: 1, 1: 2}[params.get("short")], bags_per_run=params.get("bags_per_run", 0))
+        phases = tbe_phases(len(entries), tables_in_flight)
+        args.num_phases = len(phases)
+        for p, n in enumerate(phases):
+            args.phase_tables[p] = n
         keep: list[torch.Tensor] = []   # converted batches live until the launch returns (the emulator runs it)
         outs = []
         for i, e in enumerate(entries):
@@ -805,6 +823,7 @@ class TbeLibrary(CudaLibrary):
         self.check(self.lib.chz_tbe_forward(ctypes.byref(args), ctypes.byref(launch), stream), "variant tbe")
         self.last = {"path": TBE_PATHS[args.path], "vectors_per_lane": args.vectors_per_lane, "grid": args.grid,
                      "index_bits": args.index_bits, "row_bits": args.row_bits, "warp_tasks": args.total_tasks,
+                     "phases": list(phases) or [len(entries)],
                      "groups": [args.tables[i].group for i in range(len(entries))],
                      "bags_per_run": [args.tables[i].bags_per_run for i in range(len(entries))]}
         return outs
@@ -826,6 +845,7 @@ class TableBatch:
     padding_idx: int | None = None
     grid: int = 0                         # blocks per launch; 0: SMs x resident blocks (tests set a few)
     row_bits: int = 0                     # 64 forces 64-bit row numbers (tests); 0: chosen per launch
+    tables_in_flight: int = 0             # tables walked at a time (phases); 0: every table at once
 
     @property
     def T(self) -> int:
@@ -865,7 +885,7 @@ class TableBatch:
             entries = [TbeEntry(self.weights[t], self.dims[t], dtype, *batch[t], outs[t] if outs else None)
                        for t in which]
             for t, o in zip(which, lib.launch(entries, self.mode, padding, self.params, stream, self.grid,
-                                              self.row_bits)):
+                                              self.row_bits, self.tables_in_flight)):
                 result[t] = o
         return result  # type: ignore[return-value]
 
@@ -924,7 +944,8 @@ def bind_tables(variant: str | Variant, weights: Sequence[Table], *, params: dic
         if lib.emulated:
             lib.emu_set_sm_count(gpu.sm_count)
         libraries[dt] = lib
-    return TableBatch(v, p, raw, dims, dtypes, libraries, mode, padding_idx)
+    return TableBatch(v, p, raw, dims, dtypes, libraries, mode, padding_idx,
+                      tables_in_flight=p.get("tables_in_flight", 0))
 
 
 def run_tables(variant: str | Variant, weights: Sequence[Table], batch: Sequence[tuple[torch.Tensor, torch.Tensor]],

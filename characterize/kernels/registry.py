@@ -195,6 +195,9 @@ _SHORT = Param("short", "1: the short-bag path (a group gathers several consecut
                         "at most half a step of rows)", None, 0, 1)
 _BAGS_PER_RUN = Param("bags_per_run", "short path: consecutive bags one group gathers as one stream (default: about "
                                       "lanes per group / mean bag length, per table)", None, 1, 32)
+_TABLES_IN_FLIGHT = Param("tables_in_flight", "tables walked at a time: the launch takes its tables in phases of this "
+                                            "many, every warp a slice of each phase in turn, so that only a phase's "
+                                            "hot rows share the L2 (default: every table at once)", None, 1, 64)
 _BOUNDS_CHECK = Param("bounds_check", "fbgemm: 1 checks every index in a kernel of its own before the lookup, as "
                                       "FBGEMM does by default (BoundsCheckMode.WARNING); 0 skips it (BoundsCheckMode.NONE)",
                       1, 0, 1)
@@ -294,7 +297,7 @@ register(Variant("tbe", "ours, table-batched: every table of the batch in one la
                         "resident blocks), the next tile of indices loaded while the current one's rows are gathered, "
                         "32-bit indices, a short-bag path, int8 and fp8 (e4m3) rows decoded two values per packed half op",
                  entry="chz_tbe_forward", kernel="chz_tbe_kernel<{V}, {I}, {R}, {S}>", block=(256, 1), grid=0,
-                 params=(_INDEX_BITS, _SHORT, _BAGS_PER_RUN), vector_loads=True, max_dim=1024, honors_cap=False,
+                 params=(_INDEX_BITS, _SHORT, _BAGS_PER_RUN, _TABLES_IN_FLIGHT), vector_loads=True, max_dim=1024, honors_cap=False,
                  tables_per_launch=ALL_TABLES, source=TBE_SOURCE, persistent=True, dtypes=tuple(DTYPES)))
 register(Variant("cache", "host-resident table in pinned memory with a GPU cache of C rows warmed from the trace's "
                           "frequencies: per batch unique ids, hits and misses, misses copied from the host with "
