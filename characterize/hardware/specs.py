@@ -275,8 +275,10 @@ _add(GpuSpec("h100-nvl", "NVIDIA H100 NVL", "sm_90", 132, 50 * MiB, int(37.5 * M
              fp32_TFLOPS=60.0, tf32_TFLOPS=417.5, fp16_TFLOPS=835.5, pcie_GBps=50.0, host_link="PCIe 5.0 x16"))
 # the export-compliant H100 SXM: the same chip, memory and clocks (only NVLink is slower)
 _add(dataclasses.replace(GPUS["h100-sxm"], key="h800", name="NVIDIA H800", aliases=()))
-_add(GpuSpec("h200", "NVIDIA H200", "sm_90", 132, 50 * MiB, int(37.5 * MiB), 141 * 10**9,
-             4800.0, 7500.0, 1980, 1590, 260.0, 470.0, _H100_SRC, (),
+_add(GpuSpec("h200", "NVIDIA H200", "sm_90", 132, 60 * MiB, 45 * MiB, 141 * 10**9,
+             4800.0, 7500.0, 1980, 1590, 260.0, 470.0,
+             _H100_SRC + "; L2 60 MiB as the device reports it (cudaDevAttrL2CacheSize 62,914,560 bytes on the "
+             "H200 of profiles/h200, 2026-11-27; the H100 SXM's is 50 MB); persisting L2 75% of it (assumed)", (),
              l1_data_bytes=224 * KiB, l1_latency_ns=20.0,
              fp32_TFLOPS=67.0, tf32_TFLOPS=494.7, fp16_TFLOPS=989.4, pcie_GBps=50.0, host_link="PCIe 5.0 x16"))
 

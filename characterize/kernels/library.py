@@ -32,6 +32,7 @@ from characterize.kernels.fbgemm import INSTALL_HINT as FBGEMM_INSTALL
 from characterize.kernels.fbgemm import FbgemmBatch, FbgemmTable
 from characterize.kernels.fbgemm import available as fbgemm_available
 from characterize.kernels.fbgemm import build_variant as fbgemm_build
+from characterize.kernels.order import choose_tables_in_flight, coverage_curve
 from characterize.kernels.outputs import BagOutputs
 from characterize.kernels.registry import (
     TBE_MAX_TABLES,
@@ -899,9 +900,11 @@ class TableBatch:
 
 def bind_tables(variant: str | Variant, weights: Sequence[Table], *, params: dict[str, Any] | None = None,
                 mode: str = "sum", padding_idx: int | None = None, backend: str | None = None,
-                gpu: Any = None) -> TableBatch:
+                gpu: Any = None, traces: Sequence[torch.Tensor] | None = None) -> TableBatch:
     """Bind a batched variant (tbe) to every table of a batch: fp32, fp16 or bf16 tensors or
-    QuantizedTables (int8, int8h), each with its own E, D and dtype."""
+    QuantizedTables (int8, int8h), each with its own E, D and dtype. `traces` (per table, the
+    indices of the warm-up batches) choose tbe's work order when tables_in_flight is not given
+    (kernels.order); without them the launch walks every table at once."""
     v = get_variant(variant) if isinstance(variant, str) else variant
     if not v.batched:
         raise ConfigError(f"variant {v.name} launches one table at a time; bind() each table instead")
@@ -944,8 +947,14 @@ def bind_tables(variant: str | Variant, weights: Sequence[Table], *, params: dic
         if lib.emulated:
             lib.emu_set_sm_count(gpu.sm_count)
         libraries[dt] = lib
-    return TableBatch(v, p, raw, dims, dtypes, libraries, mode, padding_idx,
-                      tables_in_flight=p.get("tables_in_flight", 0))
+    flight = p.get("tables_in_flight")
+    if flight is None and traces is not None:
+        if len(traces) != len(raw):
+            raise ConfigError(f"bind_tables: {len(traces)} traces for {len(raw)} tables")
+        curves = [coverage_curve(tr, E) for tr, E in zip(traces, rows)]
+        flight = choose_tables_in_flight(curves, [w.stride(0) * w.element_size() for w in raw],
+                                         gpu.l2_bytes * gpu.l2_effective_capacity)
+    return TableBatch(v, p, raw, dims, dtypes, libraries, mode, padding_idx, tables_in_flight=flight or 0)
 
 
 def run_tables(variant: str | Variant, weights: Sequence[Table], batch: Sequence[tuple[torch.Tensor, torch.Tensor]],

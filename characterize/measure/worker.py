@@ -502,8 +502,10 @@ class BatchLauncher:
 def bind_batch(session: Session, variant: str, batches: Batches) -> tuple[TableBatch, Batches]:
     """The variant bound to every table of the session, and every batch mapped once (indices
     and offsets in the launch's index type)."""
+    warm = min(session.warmup, len(batches))
+    traces = [torch.cat([batches[b][t][0] for b in range(warm)]) for t in range(len(session.tables))] if warm else None
     tb = bind_tables(variant, session.tables, params=session.exp.params_for(variant), mode=session.workload.mode,
-                     backend=session.backend, gpu=session.gpu)
+                     backend=session.backend, gpu=session.gpu, traces=traces)
     return tb, [tb.map_batch(row) for row in batches]
 
 

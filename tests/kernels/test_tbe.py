@@ -14,6 +14,7 @@ import torch
 from characterize.config import DTYPES, Pooling, WorkloadConfig
 from characterize.errors import ConfigError, UnsupportedShape
 from characterize.kernels import sass as S
+from characterize.hardware.specs import gpu_spec
 from characterize.kernels.build import TBE_SOURCE, BuildSpec, build, build_many
 from characterize.kernels.check import (
     check_one,
@@ -24,6 +25,7 @@ from characterize.kernels.check import (
     tolerance,
 )
 from characterize.kernels.library import bind_tables, dequantize, load_library, run_tables, table_dtype
+from characterize.kernels.order import choose_tables_in_flight, coverage_curve, shared_coverage
 from characterize.kernels.registry import (
     TBE_MAX_TABLES,
     get_variant,
@@ -129,6 +131,32 @@ def test_phased_work_orders_match_torch():
         assert tb.last_launch()["fp32"]["phases"] == [2, 2, 1]
     with pytest.raises(ConfigError, match="tables_in_flight"):
         bind_tables("tbe", tables, params={"tables_in_flight": 0}, backend="emulate")
+
+
+def test_the_work_order_follows_the_hot_rows():
+    """kernels.order: the plain order when every table's hot rows fit the L2 together (one row each), one
+    table at a time when even one table's rows overflow it (uniform over many rows), and in between the
+    most tables whose shares of the L2 still hold their hot pools; bind_tables takes it from the traces
+    unless tables_in_flight is given."""
+    g = torch.Generator().manual_seed(3)
+    E, T, rb, l2 = 10_000, 8, 512, 1000 * 512          # an L2 of 1,000 rows
+    one_row = [torch.full((4000,), t) for t in range(T)]
+    uniform = [torch.randint(0, E, (4000,), generator=g) for _ in range(T)]
+    pools = [torch.randint(0, 200, (4000,), generator=g) for _ in range(T)]   # 200 hot rows each: 5 fit together
+    curves = {name: [coverage_curve(tr, E) for tr in traces]
+              for name, traces in (("one_row", one_row), ("uniform", uniform), ("pools", pools))}
+    assert choose_tables_in_flight(curves["one_row"], [rb] * T, l2) == 0
+    assert choose_tables_in_flight(curves["uniform"], [rb] * T, l2) == 1
+    assert choose_tables_in_flight(curves["pools"], [rb] * T, l2) == 5
+    assert shared_coverage(curves["pools"], [rb] * T, l2, 5) == pytest.approx(1.0)
+    assert 125 / 200 < shared_coverage(curves["pools"], [rb] * T, l2, 8) < 0.8   # the most frequent 125 of 200
+    tables = [make_table("fp32", E, 128, t) for t in range(T)]   # rows of 512 bytes, as above
+    gpu = dataclasses.replace(gpu_spec("h100-sxm"), l2_bytes=l2, l2_effective_capacity=1.0)
+    assert bind_tables("tbe", tables, backend="emulate", gpu=gpu, traces=pools).tables_in_flight == 5
+    assert bind_tables("tbe", tables, backend="emulate", gpu=gpu, traces=one_row).tables_in_flight == 0
+    assert bind_tables("tbe", tables, backend="emulate", gpu=gpu).tables_in_flight == 0   # no traces: plain
+    assert bind_tables("tbe", tables, backend="emulate", gpu=gpu, traces=pools,
+                       params={"tables_in_flight": 3}).tables_in_flight == 3
 
 
 @pytest.mark.parametrize("D", [4, 12, 36, 260, 1024])
