@@ -120,18 +120,19 @@ max_reps = {max_reps}
 budget_s = {budget}
 modes = {modes}
 [profile]
-tables = 1
+tables = {tables}
 """
 
 
 def write_experiment(tmp: Path, name: str = "tiny", datasets=("medium", "random"),
                      variants=("torch", "base", "rpf", "l2p", "l2w", "warp"), modes=("steady",),
-                     caps=(48,), max_reps: int = 4, budget: float = 0.3) -> Path:
+                     caps=(48,), max_reps: int = 4, budget: float = 0.3, tables: int = 1) -> Path:
     """A tiny experiment file (odd shapes, few repetitions) in `tmp`."""
     p = tmp / f"{name}.toml"
     p.write_text(TINY_EXPERIMENT.format(name=name, datasets=json.dumps(list(datasets)),
                                         variants=json.dumps(list(variants)), caps=json.dumps(list(caps)),
-                                        max_reps=max_reps, budget=budget, modes=json.dumps(list(modes))))
+                                        max_reps=max_reps, budget=budget, modes=json.dumps(list(modes)),
+                                        tables=tables))
     return p
 
 

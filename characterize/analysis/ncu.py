@@ -109,6 +109,16 @@ SOL_COLUMNS = ("sm_throughput_pct", "memory_throughput_pct", "l1_throughput_pct"
 MEMORY_COLUMNS = ("l1_load_requests", "l1_load_sectors", "l1_store_sectors", "l1_hit_rate_raw_pct",
                   "l2_read_sectors", "l2_write_sectors", "l2_hit_rate_raw_pct", "dram_bytes_read", "dram_bytes_write")
 ROOFLINE_COLUMNS = ("sm_clock_hz", "dram_bytes_per_s", "dram_peak_bytes_per_cycle", "dram_clock_hz")
+#: the bandwidth roofline of a gather: achieved bytes per second of each level against its peak
+BANDWIDTH_COLUMNS = ("dram_bytes_per_s", "dram_peak_bytes_per_cycle", "dram_clock_hz", "l2_bytes_per_s",
+                     "l2_peak_bytes_per_cycle", "l2_clock_hz", "l1_bytes_per_s", "l1_peak_bytes_per_cycle",
+                     "l1_clock_hz")
+#: every column the report's Nsight Compute panels read: the default profile must collect each
+#: (tests/measure/test_ncu.py holds measure.ncu's default set to it)
+PANEL_COLUMNS = tuple(dict.fromkeys(
+    ("duration_ns", "achieved_occupancy_pct", "theoretical_occupancy_pct", "registers_per_thread", "waves_per_sm",
+     "inst_issued", "sm_clock_hz", *SOL_COLUMNS, *MEMORY_COLUMNS, *BANDWIDTH_COLUMNS,
+     *(f"stall_{r}" for r in STALL_REASONS if r != "gmma"))))
 
 #: a unit below this share of its peak is not what limits the kernel (ncu's SOLBottleneck rule uses 60%)
 BOUND_PCT = 60.0

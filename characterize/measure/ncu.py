@@ -44,6 +44,8 @@ __all__ = [
     "run_ncu",
     "CACHE_METRICS",
     "CACHE_REPLAY_MODE",
+    "CACHE_SINGLE_PASS_MODE",
+    "PANEL_METRICS",
     "CLOCK_METRICS",
     "cache_argv",
     "replay_modes",
@@ -73,8 +75,9 @@ class MetricSet:
 
 _PORTABLE_STALLS = tuple(r for r in STALL_REASONS if r not in HOPPER_STALL_REASONS)
 
-#: the SM clock each kernel ran at (SpeedOfLight's "SM Frequency"), in every metric set and
-#: in the cache collection: what bench's NVML clock samples are compared with
+#: the SM clock each kernel ran at (SpeedOfLight's "SM Frequency"), in every metric set: what
+#: bench's NVML clock samples are compared with (the cache collection leaves it out: it asks for
+#: as few counters as one replay pass can hold, see CACHE_SINGLE_PASS_MODE)
 CLOCK_METRICS: tuple[str, ...] = ("gpc__cycles_elapsed.avg.per_second",)
 
 _DEFAULT_METRICS: tuple[str, ...] = (
@@ -99,6 +102,40 @@ _DEFAULT_METRICS: tuple[str, ...] = (
     *CLOCK_METRICS,
 )
 
+#: What the report's panels read beyond the sections below (analysis.ncu.RAW names them): the
+#: memory chart (MemoryWorkloadAnalysis_Chart: L1 requests and sectors, L2 sectors from L1,
+#: L1<->L2 bytes), instructions and IPC (ComputeWorkloadAnalysis: the issue ceiling the model
+#: reads), waves per SM (LaunchStats) and the bandwidth roofline (bytes per second and peak
+#: bytes per cycle of DRAM, L2 and L1, with their clocks). Measured on an H200 (profiles/h200/
+#: ncu-probe): the five default sections and raw metrics took 18 replay passes, those plus the
+#: chart, compute, instruction, scheduler, source and roofline sections 36.
+PANEL_METRICS: tuple[str, ...] = (
+    "launch__waves_per_multiprocessor",
+    "smsp__inst_issued.sum",
+    "smsp__inst_executed.sum",
+    "sm__inst_executed.avg.per_cycle_active",
+    "sm__inst_issued.avg.per_cycle_active",
+    "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum",
+    "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum",
+    "l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum",
+    "l1tex__m_xbar2l1tex_read_bytes.sum",
+    "l1tex__m_l1tex2xbar_write_bytes.sum",
+    "lts__t_sectors_srcunit_tex_op_read.sum",
+    "lts__t_sectors_srcunit_tex_op_write.sum",
+    "lts__t_sectors.sum",
+    "dram__bytes.sum.per_second",
+    "dram__bytes.sum.peak_sustained",
+    "dram__cycles_elapsed.avg.per_second",
+    "lts__t_bytes.sum.per_second",
+    "lts__t_bytes.sum.peak_sustained",
+    "lts__cycles_elapsed.avg.per_second",
+    "l1tex__t_bytes.sum.per_second",
+    "l1tex__t_bytes.sum.peak_sustained",
+    "l1tex__cycles_elapsed.avg.per_second",
+    "smsp__warps_eligible.avg.per_cycle_active",
+    "smsp__issue_active.avg.per_cycle_active",
+)
+
 #: Cache counters that kernel replay would warm: with --cache-control none each replay
 #: pass of a kernel sees the L2 the previous pass left, and the default set needs many
 #: passes, so L2 hit rate and DRAM bytes would come out optimistic. They are collected
@@ -112,13 +149,17 @@ CACHE_METRICS: tuple[str, ...] = (
     "dram__bytes_write.sum",
 )
 CACHE_REPLAY_MODE = "application"
+#: the cache counters under kernel replay when ncu needed one pass per kernel: nothing was
+#: replayed, so each kernel saw the cache state the program left (measure.runner tries it first)
+CACHE_SINGLE_PASS_MODE = "kernel, 1 pass"
 
 METRIC_SETS: Mapping[str, MetricSet] = {
     "default": MetricSet(
         name="default",
-        metrics=_DEFAULT_METRICS,
+        metrics=_DEFAULT_METRICS + PANEL_METRICS,
         sections=("LaunchStats", "Occupancy", "WarpStateStats", "MemoryWorkloadAnalysis", "SpeedOfLight"),
-        description="occupancy, warp stalls, L1/L2 hit rates, DRAM traffic and duration",
+        description="occupancy, warp stalls, L1/L2 hit rates, DRAM traffic, duration, the memory chart's "
+                    "requests and sectors, instructions and IPC, waves, and bandwidths against their peaks",
         arch_metrics=tuple((stall_metric(r), 90) for r in HOPPER_STALL_REASONS),
     ),
     "quick": MetricSet(
@@ -388,10 +429,12 @@ def build_argv(ncu: Path, options: NcuOptions, export: Path, target: Sequence[st
     return argv
 
 
-def cache_argv(argv: Sequence[str], export: Path) -> list[str]:
+def cache_argv(argv: Sequence[str], export: Path, replay_mode: str = CACHE_REPLAY_MODE) -> list[str]:
     """The cache collection that goes with a point's main ncu command ``argv``: the same
     ncu, options, scoping (NVTX range or launch order) and target, but only
-    CACHE_METRICS, no sections, under application replay, written to ``export``."""
+    CACHE_METRICS, no sections, under `replay_mode` (application replay unless the
+    caller tries kernel replay, which holds when every kernel needs one pass), written to
+    ``export``."""
     argv = [str(a) for a in argv]
     if "--replay-mode" not in argv or "--export" not in argv:
         raise ConfigError("cache_argv needs an ncu command built by build_argv")
@@ -403,7 +446,7 @@ def cache_argv(argv: Sequence[str], export: Path) -> list[str]:
             i += 2
             continue
         if a == "--replay-mode":
-            out += [a, CACHE_REPLAY_MODE]
+            out += [a, replay_mode]
             i += 2
             continue
         if a == "--export":
@@ -416,19 +459,21 @@ def cache_argv(argv: Sequence[str], export: Path) -> list[str]:
             while i < len(argv) and argv[i] == "--nvtx-include":
                 out += argv[i:i + 2]
                 i += 2
-            out += ["--metrics", ",".join(CACHE_METRICS + CLOCK_METRICS)]
+            out += ["--metrics", ",".join(CACHE_METRICS)]
             continue
         out.append(a)
         i += 1
     return out
 
 
-def replay_modes(options: NcuOptions, *, cache_collected: bool = True) -> dict[str, str]:
+def replay_modes(options: NcuOptions, *, cache_collected: bool = True,
+                 cache_mode: str = CACHE_REPLAY_MODE) -> dict[str, str]:
     """The replay mode each metric's value comes from: "default" for every metric of
-    the main collection (its sections included), each CACHE_METRICS entry apart."""
+    the main collection (its sections included), each CACHE_METRICS entry apart
+    (`cache_mode`: application replay, or kernel replay of one pass)."""
     modes = {"default": options.replay_mode}
     for metric in CACHE_METRICS:
-        modes[metric] = CACHE_REPLAY_MODE if cache_collected else options.replay_mode
+        modes[metric] = cache_mode if cache_collected else options.replay_mode
     return modes
 
 

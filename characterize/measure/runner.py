@@ -3,19 +3,22 @@
 Timing runs in a worker process that writes every finished point at once; when the
 worker dies (kernel fault, out of memory, a kill), the point it was working on is
 recorded as failed with the reason and a fresh worker continues with the rest.
-Profiling runs one Nsight Compute process per variant where NVTX scoping allows (its
-points share the report), else one per point; an interrupted profile keeps every
-finished report. Nothing already measured is ever redone unless asked.
+Profiling runs every point under one Nsight Compute process where NVTX scoping allows
+(the points share the report; each dataset's trace is loaded once), and their cache
+counters in one more; a point that cannot be attributed gets a process of its own. An
+interrupted profile keeps every finished report. Nothing already measured is ever redone
+unless asked.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -29,7 +32,10 @@ from characterize.errors import (
 )
 from characterize.extract.ncu_rep import read_report
 from characterize.hardware.devices import devices
+from characterize.kernels.registry import get_variant
 from characterize.measure.ncu import (
+    CACHE_REPLAY_MODE,
+    CACHE_SINGLE_PASS_MODE,
     NcuOptions,
     build_argv,
     cache_argv,
@@ -43,6 +49,7 @@ from characterize.measure.worker import (
     EXIT_CUDA_ERROR,
     INFLIGHT,
     PROFILE_RANGE,
+    PROFILED,
     kernel_filter,
     launches_before_profiled,
     profiled_launches,
@@ -230,26 +237,45 @@ def ncu_options(exp: ExperimentConfig, sm: int | None, fallback: bool = False):
                       kernel_name=kernel_filter(exp), sm=sm)
 
 
-def _collect_cache(argv: list[str], run: RunDir, key: str, settings: ProfileSettings) -> dict[str, object]:
-    """The point's cache counters under application replay (measure.ncu.cache_argv). A
-    failure keeps the main report: its kernel-replay values stand, recorded as such."""
-    export = export_path(run.path / "ncu" / f"{key}.cache")
-    cmd = cache_argv(argv, export)
-    try:
-        run_ncu(cmd, run.path / "ncu" / f"{key}.cache.log", timeout=settings.timeout_s)
-    except NcuPermissionError:
-        raise
-    except CharacterizeError as e:
-        run.log(f"profile {key}: cache collection failed, kernel-replay cache counters kept: {e}")
-        return {"cache_argv": cmd, "cache_error": str(e)}
-    return {"cache_argv": cmd, "cache_report": str(export.relative_to(run.path))}
+_PASSES = re.compile(r"- (\d+) pass(?:es)?\b")
 
 
-def _target(run: RunDir, variant: str, datasets: Sequence[str], settings: ProfileSettings) -> list[str]:
-    """The profile target for one variant's points (one process; see worker.run_profile_target)."""
-    cmd = [sys.executable, "-m", "characterize.measure.worker", "profile", str(run.path), "--variant", variant]
-    for d in datasets:
-        cmd += ["--dataset", d]
+def passes_in(output: str) -> list[int]:
+    """Replay passes of each kernel ncu profiled under kernel replay, from its output
+    ('==PROF== Profiling "k": 0%....100% - 18 passes')."""
+    return [int(n) for n in _PASSES.findall(output)]
+
+
+def _collect_cache(argv: list[str], run: RunDir, name: str, settings: ProfileSettings) -> dict[str, object]:
+    """The cache counters (measure.ncu.CACHE_METRICS) of the points `argv` profiled, in a
+    collection that replay does not warm: first under kernel replay, which is the program's
+    own cache state when every kernel needs one pass (nothing is replayed); when ncu needed
+    more, again under application replay (the program runs once per pass). A failure keeps
+    the main report: its kernel-replay values stand, recorded as such."""
+    export = export_path(run.path / "ncu" / f"{name}.cache")
+    log = run.path / "ncu" / f"{name}.cache.log"
+    for mode in (CACHE_SINGLE_PASS_MODE, CACHE_REPLAY_MODE):
+        cmd = cache_argv(argv, export, replay_mode="kernel" if mode == CACHE_SINGLE_PASS_MODE else CACHE_REPLAY_MODE)
+        try:
+            proc = run_ncu(cmd, log, timeout=settings.timeout_s * max(1, argv.count("--point")))
+        except NcuPermissionError:
+            raise
+        except CharacterizeError as e:
+            run.log(f"profile {name}: cache collection failed, kernel-replay cache counters kept: {e}")
+            return {"cache_argv": cmd, "cache_error": str(e)}
+        passes = passes_in(proc.stdout)
+        if mode == CACHE_REPLAY_MODE or (passes and max(passes) == 1):
+            break
+        run.log(f"profile {name}: the cache counters took {max(passes, default=0)} kernel-replay passes (later "
+                "passes see a warmed L2); collecting them again under application replay")
+    return {"cache_argv": cmd, "cache_report": str(export.relative_to(run.path)), "cache_replay_mode": mode}
+
+
+def _target(run: RunDir, points: Sequence[tuple[str, str]], settings: ProfileSettings) -> list[str]:
+    """The profile target for `points`, in order, in one process (worker.run_profile_target)."""
+    cmd = [sys.executable, "-m", "characterize.measure.worker", "profile", str(run.path)]
+    for v, d in points:
+        cmd += ["--point", f"{v}:{d}"]
     return cmd + (["--backend", settings.backend] if settings.backend else [])
 
 
@@ -260,69 +286,154 @@ def _worker_said(e: CharacterizeError, log: Path) -> CharacterizeError:
 
 
 def _point_record(exp: ExperimentConfig, export: Path, run: RunDir, n: int, argv: list[str], version: str,
-                  scoping: str, cache: dict, sm: int | None, seconds: float, **extra: object) -> dict:
+                  scoping: str, cache: dict, sm: int | None, seconds: float, variant: str, **extra: object) -> dict:
     return {"status": "ok", "report": str(export.relative_to(run.path)), "kernels": n, "argv": argv,
             "ncu_version": version, "cache_control": exp.profile.cache_control,
             "clock_control": exp.profile.clock_control, "bench_clock_control": BENCH_CLOCK_CONTROL,
             "replay_mode": exp.profile.replay_mode, "metric_set": exp.profile.metric_set, "scoping": scoping,
             "warmup_batches": exp.bench.warmup, **cache,
-            "replay_modes": replay_modes(ncu_options(exp, sm), cache_collected="cache_report" in cache),
+            "tables_per_launch": exp.workload.T if get_variant(variant).batched else 1,
+            "replay_modes": replay_modes(ncu_options(exp, sm), cache_collected="cache_report" in cache,
+                                         cache_mode=str(cache.get("cache_replay_mode", CACHE_REPLAY_MODE))),
             "seconds": seconds, **extra}
 
 
-def _profile_variant(run: RunDir, exp: ExperimentConfig, variant: str, datasets: list[str],
-                     settings: ProfileSettings, sm: int | None, version: str) -> dict[str, int] | None:
-    """Every point of `variant` under one ncu process, scoped by NVTX (each dataset's
-    launches in its own chz/<variant>/<dataset>/<table> ranges); the report and its cache
-    collection are shared by the points. Returns each dataset's kernel count, or None
-    when NVTX scoping did not work or the process failed: the points are then profiled
-    one by one."""
-    export = export_path(run.path / "ncu" / variant)
-    log = run.path / "ncu" / f"{variant}.log"
-    argv = build_argv(settings.ncu, ncu_options(exp, sm), export, _target(run, variant, datasets, settings))
+class _Follow:
+    """What the profile target prints, line by line (run_ncu's echo): each finished point as
+    one progress line, while the one ncu process runs."""
+
+    def __init__(self, points: Sequence[tuple[str, str]], progress: Progress, done: int, total: int):
+        self.left = list(points)
+        self.progress, self.done, self.total = progress, done, total
+        self.start = time.perf_counter()
+
+    def write(self, line: str) -> None:
+        if not line.startswith(PROFILED + " "):
+            return
+        words = line.split()
+        if len(words) >= 3 and (words[1], words[2].rstrip(":")) in self.left:
+            self.left.remove((words[1], words[2].rstrip(":")))
+            self.done += 1
+            self.progress(f"[{self.done}/{self.total}] {words[1]} {words[2].rstrip(':')}: launched under ncu "
+                          f"({time.perf_counter() - self.start:.0f} s into the shared process)")
+
+
+def _next_name(run: RunDir, stem: str) -> str:
+    """A report name not used yet in the run's ncu/ (a resumed profile keeps the earlier reports)."""
+    n = 1
+    while (run.path / "ncu" / f"{stem}-{n}.ncu-rep").exists() or (run.path / "ncu" / f"{stem}-{n}.log").exists():
+        n += 1
+    return f"{stem}-{n}"
+
+
+def _profile_together(run: RunDir, exp: ExperimentConfig, points: list[tuple[str, str]], settings: ProfileSettings,
+                      sm: int | None, version: str, progress: Progress, done: int, total: int
+                      ) -> dict[tuple[str, str], int]:
+    """Every point under one ncu process (the target loads each dataset once and profiles
+    its points in turn, each in its own chz/<variant>/<dataset>/<table> NVTX ranges), then
+    the cache counters of all of them in one more collection. Returns each attributed point's
+    kernel count; points the report does not hold as expected are left to be profiled one by
+    one (an empty dict when the process failed)."""
+    name = _next_name(run, "profile")
+    export = export_path(run.path / "ncu" / name)
+    log = run.path / "ncu" / f"{name}.log"
+    argv = build_argv(settings.ncu, ncu_options(exp, sm), export, _target(run, points, settings))
     start = time.perf_counter()
     try:
-        run_ncu(argv, log, timeout=settings.timeout_s * len(datasets))
+        run_ncu(argv, log, timeout=settings.timeout_s * len(points), echo=_Follow(points, progress, done, total))
         kernels = read_report(export, run=run.path.name)
     except NcuPermissionError:
         raise
     except CharacterizeError as e:
-        run.log(f"profile {variant}: one process for {len(datasets)} points did not work ({str(e).splitlines()[0]}); "
+        run.log(f"profile: one process for {len(points)} points did not work ({str(e).splitlines()[0]}); "
                 "profiling them one by one")
-        return None
-    per_point = profiled_launches(variant, exp.profile.tables, exp.workload.T)
-    positions = split_report(kernels, datasets, per_point)
+        return {}
+    launches = [profiled_launches(v, exp.profile.tables, exp.workload.T) for v, _ in points]
+    positions = split_points(kernels, points, launches)
     if positions is None:
-        run.log(f"profile {variant}: the shared report does not hold {per_point} kernel(s) of each of "
-                f"{', '.join(datasets)} in order; profiling the points one by one")
-        return None
-    cache = _collect_cache(argv, run, variant, settings)
+        run.log(f"profile: the shared report does not hold each point's launches in order "
+                f"({len(set(kernels['kernel_id'])) if not kernels.empty else 0} kernels for {sum(launches)} "
+                "expected); profiling the points one by one")
+        return {}
+    cache = _collect_cache(argv, run, name, settings)
     seconds = time.perf_counter() - start
-    for d in datasets:
-        run.write_point("profile", variant, d, _point_record(
-            exp, export, run, len(positions[d]), argv, version, "nvtx", cache, sm, seconds / len(datasets),
-            report_shared_by=list(datasets), report_positions=positions[d]))
-    return {d: len(p) for d, p in positions.items()}
+    keys = [point_key(v, d) for v, d in points]
+    for (v, d), where in positions.items():
+        run.write_point("profile", v, d, _point_record(
+            exp, export, run, len(where), argv, version, "nvtx", cache, sm, seconds / len(points), v,
+            report_shared_by=keys, report_positions=where))
+    return {p: len(where) for p, where in positions.items()}
 
 
-def split_report(kernels, datasets: Sequence[str], per_point: int) -> dict[str, list[int]] | None:
-    """Which kernels of a report shared by one variant's points belong to each point, as
-    launch-order positions: the target profiles the points in order, `per_point` launches
-    each. Where NVTX named a kernel's dataset it must agree. None when the report does not
-    hold exactly that (the points are then profiled one by one)."""
+@dataclass(frozen=True)
+class ProfileCosts:
+    """Seconds the parts of a profile take, read from the H200's logs (profiles/h200: the
+    first run's profile logs, 32-39 s per variant for four program runs of one point, and
+    ncu-probe/summary.txt, 6.3 s for one kernel's one pass, 0.04-0.08 s per further pass)."""
+
+    start_s: float = 6.0            # ncu, then the target's python, torch and CUDA context
+    lookups_per_s: float = 7e6      # a dataset's trace generated and copied to the device (paper: 29.5M, ~4 s)
+    point_s: float = 0.6            # a point's bind, correctness check and warm-up batches
+    pass_s: float = 0.06            # one replay pass of one kernel
+    passes: dict[str, int] = field(default_factory=lambda: {"default": 36, "quick": 4, "cache": 1})
+
+
+@dataclass(frozen=True)
+class ProfileEstimate:
+    """What a profile of some points will cost, said before it starts."""
+
+    program_s: float     # one run of the target: start, datasets, points
+    kernels: int         # kernels profiled
+    passes: int          # replay passes per kernel of the main collection
+    main_s: float
+    cache_s: float
+
+    @property
+    def seconds(self) -> float:
+        return self.main_s + self.cache_s
+
+    def describe(self) -> str:
+        return (f"the target {self.program_s:.0f} s, {self.kernels} kernel(s) x {self.passes} passes "
+                f"{self.main_s - self.program_s:.0f} s, cache counters {self.cache_s:.0f} s")
+
+
+def profile_estimate(exp: ExperimentConfig, points: Sequence[tuple[str, str]],
+                     costs: ProfileCosts = ProfileCosts()) -> ProfileEstimate:
+    """Seconds profiling `points` in one ncu process (and their cache counters in one more,
+    one pass per kernel) should take, from `costs`."""
+    wl = exp.workload
+    datasets = len({d for _, d in points})
+    lookups = wl.T * wl.batches * wl.lookups_per_batch
+    program = costs.start_s + datasets * lookups / costs.lookups_per_s + len(points) * costs.point_s
+    kernels = sum(profiled_launches(v, exp.profile.tables, wl.T) for v, _ in points)
+    passes = costs.passes.get(exp.profile.metric_set, costs.passes["default"])
+    main = program + kernels * passes * costs.pass_s
+    cache = program + kernels * costs.passes["cache"] * costs.pass_s
+    return ProfileEstimate(program, kernels, passes, main, cache)
+
+
+def split_points(kernels, points: Sequence[tuple[str, str]], launches: Sequence[int]
+                 ) -> dict[tuple[str, str], list[int]] | None:
+    """Which kernels of a report shared by several points belong to each, as launch-order
+    positions: the target profiles the points in order, `launches[i]` launches for point i.
+    Where NVTX named a kernel's variant or dataset it must agree. None when the report does
+    not hold exactly that."""
     if kernels.empty:
         return None
     order = list(dict.fromkeys(kernels["kernel_id"]))
-    if len(order) != per_point * len(datasets):
+    if len(order) != sum(launches):
         return None
-    named = (kernels.drop_duplicates("kernel_id").set_index("kernel_id")["dataset"]
-             if "dataset" in kernels.columns else None)
-    out: dict[str, list[int]] = {}
-    for i, d in enumerate(datasets):
-        out[d] = list(range(i * per_point, (i + 1) * per_point))
-        if named is not None:
-            said = {str(named[order[p]]) for p in out[d]} - {"", "nan", "None", "<NA>"}
-            if said and said != {d}:
+    first = kernels.drop_duplicates("kernel_id").set_index("kernel_id")
+    out: dict[tuple[str, str], list[int]] = {}
+    at = 0
+    for (v, d), n in zip(points, launches):
+        out[(v, d)] = list(range(at, at + n))
+        at += n
+        for column, want in (("variant", v), ("dataset", d)):
+            if column not in first.columns:
+                continue
+            said = {str(first[column][order[p]]) for p in out[(v, d)]} - {"", "nan", "None", "<NA>"}
+            if said and said != {want}:
                 return None
     return out
 
@@ -333,7 +444,7 @@ def _profile_point(run: RunDir, exp: ExperimentConfig, v: str, d: str, settings:
     matched nothing. Returns the kernels profiled; raises what failed."""
     key = point_key(v, d)
     export = export_path(run.path / "ncu" / key)
-    target = _target(run, v, [d], settings)
+    target = _target(run, [(v, d)], settings)
     start = time.perf_counter()
     argv = build_argv(settings.ncu, ncu_options(exp, sm), export, target)
     try:
@@ -368,60 +479,67 @@ def _run_point(run: RunDir, exp: ExperimentConfig, v: str, d: str, settings: Pro
     cache = _collect_cache(argv, run, key, settings)
     n = int(kernels["kernel_id"].nunique()) if not kernels.empty else 0
     run.write_point("profile", v, d, _point_record(exp, export, run, n, argv, version, scoping, cache, sm,
-                                                   time.perf_counter() - start, **extra))
+                                                   time.perf_counter() - start, v, **extra))
     return n
 
 
 def profile_points(run: RunDir, exp: ExperimentConfig, points: list[tuple[str, str]], settings: ProfileSettings,
                    progress: Progress = _quiet) -> dict[str, int]:
-    """The points of one variant in one ncu process where NVTX scoping allows (one
-    report, one cache collection, one start of ncu and of the target), else one ncu
-    process per point. A permission error stops the profile (nothing else can succeed);
-    any other failure marks its point and moves on."""
+    """Every point in one ncu process where NVTX scoping allows (one report, one cache
+    collection, one start of ncu and of the target, each dataset's trace loaded once),
+    dataset-major; the points that one could not attribute, one ncu process each. A
+    permission error stops the profile (nothing else can succeed); any other failure marks
+    its point and moves on."""
     version = ncu_version(settings.ncu)
     run.update_meta(ncu={"path": str(settings.ncu), "version": version})
     found = devices()
     sm = int(found[0].arch.removeprefix("sm_")) if found else None
     counts = {"ok": 0, "failed": 0}
-    groups: dict[str, list[str]] = {}
-    for v, d in points:
-        groups.setdefault(v, []).append(d)
+    order = {d: i for i, d in enumerate(dict.fromkeys(d for _, d in points))}
+    points = sorted(points, key=lambda p: order[p[1]])   # dataset-major: each trace loaded once
+    estimate = profile_estimate(exp, points)
+    progress(f"profile: {len(points)} point(s), {estimate.kernels} kernel(s) under one ncu process, then their "
+             f"cache counters in one more; about {estimate.seconds:.0f} s ({estimate.describe()})")
+    run.log(f"profile estimate: {estimate.seconds:.0f} s for {len(points)} point(s) ({estimate.describe()})")
     done = 0
-    for v, datasets in groups.items():
+    shared: dict[tuple[str, str], int] = {}
+    if len(points) > 1:
         start = time.perf_counter()
-        shared = _profile_variant(run, exp, v, datasets, settings, sm, version) if len(datasets) > 1 else None
-        if shared is not None:
-            for d in datasets:
+        shared = _profile_together(run, exp, points, settings, sm, version, progress, 0, len(points))
+        for v, d in points:
+            if (v, d) in shared:
                 done += 1
                 counts["ok"] += 1
-                msg = (f"[{done}/{len(points)}] {v} {d}: {shared[d]} kernel(s) profiled "
-                       f"({len(datasets)} points in one ncu process, {time.perf_counter() - start:.0f} s)")
-                run.log(f"profile {msg}")
-                progress(msg)
+                run.log(f"profile [{done}/{len(points)}] {v} {d}: {shared[(v, d)]} kernel(s) profiled "
+                        f"({len(points)} points in one ncu process)")
+        if shared:
+            progress(f"profile: {len(shared)} point(s) in one ncu process, {time.perf_counter() - start:.0f} s "
+                     f"(estimated {estimate.seconds:.0f} s)")
+    for v, d in points:
+        if (v, d) in shared:
             continue
-        for d in datasets:
-            done += 1
-            key = point_key(v, d)
-            start = time.perf_counter()
-            try:
-                n = _profile_point(run, exp, v, d, settings, sm, version)
-            except NcuPermissionError as e:
-                run.write_point("profile", v, d, {"status": "failed", "error": str(e)})
-                run.log(f"profile stopped: {e}")
-                raise
-            except CharacterizeError as e:
-                counts["failed"] += 1
-                argv = getattr(e, "argv", None)   # the worker's own line replaces the error, not the command
-                e = _worker_said(e, run.path / "ncu" / (key + ".log"))
-                run.write_point("profile", v, d, {"status": "failed", "error": str(e),
-                                                  **({"argv": argv} if argv is not None else {})})
-                run.log(f"profile {v} {d}: failed: {e}")
-                progress(f"[{done}/{len(points)}] {v} {d}: FAILED: {str(e).splitlines()[0]}")
-                continue
-            counts["ok"] += 1
-            msg = f"[{done}/{len(points)}] {v} {d}: {n} kernel(s) profiled in {time.perf_counter() - start:.0f} s"
-            run.log(f"profile {msg}")
-            progress(msg)
+        done += 1
+        key = point_key(v, d)
+        start = time.perf_counter()
+        try:
+            n = _profile_point(run, exp, v, d, settings, sm, version)
+        except NcuPermissionError as e:
+            run.write_point("profile", v, d, {"status": "failed", "error": str(e)})
+            run.log(f"profile stopped: {e}")
+            raise
+        except CharacterizeError as e:
+            counts["failed"] += 1
+            argv = getattr(e, "argv", None)   # the worker's own line replaces the error, not the command
+            e = _worker_said(e, run.path / "ncu" / (key + ".log"))
+            run.write_point("profile", v, d, {"status": "failed", "error": str(e),
+                                              **({"argv": argv} if argv is not None else {})})
+            run.log(f"profile {v} {d}: failed: {e}")
+            progress(f"[{done}/{len(points)}] {v} {d}: FAILED: {str(e).splitlines()[0]}")
+            continue
+        counts["ok"] += 1
+        msg = f"[{done}/{len(points)}] {v} {d}: {n} kernel(s) profiled in {time.perf_counter() - start:.0f} s"
+        run.log(f"profile {msg}")
+        progress(msg)
     return counts
 
 

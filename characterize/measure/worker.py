@@ -2,8 +2,8 @@
 
 `python -m characterize.measure.worker bench RUN_DIR --point VARIANT:DATASET ...` times
 points and writes each one into the run directory as soon as it is finished;
-`python -m characterize.measure.worker profile RUN_DIR --variant V --dataset D [--dataset D2 ...]`
-is the program Nsight Compute launches for one variant's points: for each, what bench
+`python -m characterize.measure.worker profile RUN_DIR --point V:D [--point V2:D2 ...]` (or `--variant V --dataset D ...`)
+is the program Nsight Compute launches for the points of a profile: for each, what bench
 does before its first timed batch (the device state, the check, the same warm-up
 batches and hot rows), then that batch's first tables wrapped in NVTX ranges named
 chz/<variant>/<dataset>/<table> inside an outer range "chz-profile" that the ncu command
@@ -79,6 +79,8 @@ FBGEMM_FORWARD_KERNEL = "split_embedding_codegen_forward"
 #: point; profile follows the same policy by default (ProfileConfig.clock_control "none")
 BENCH_CLOCK_CONTROL = "none"
 INFLIGHT = ".inflight"
+#: how the profile target starts the line it prints after each point (the runner follows them)
+PROFILED = "profiled"
 EXIT_CUDA_ERROR = 3  # the CUDA context may be poisoned: the supervisor starts a fresh worker
 
 
@@ -451,14 +453,18 @@ def profile_point(session: Session, variant: str, dataset: str,
     return n
 
 
-def run_profile_target(run_dir: Path, variant: str, datasets: list[str], backend: str) -> int:
-    """What ncu launches: each dataset's point in turn (profile_point), in one process."""
+def run_profile_target(run_dir: Path, points: list[tuple[str, str]], backend: str) -> int:
+    """What ncu launches: each point in turn (profile_point), in one process, in the order
+    given; each dataset's batches are loaded once, when its first point comes."""
     run = load_run(run_dir)
     exp = ExperimentConfig.from_dict(run.meta["experiment"])
     session = Session.open(exp, backend)   # the workload's batches, as bench loads them
-    for dataset in datasets:
-        n = profile_point(session, variant, dataset, session.dataset(dataset))
-        print(f"profiled {variant} {dataset}: {n} table launch(es) after {session.warmup} warm-up batch(es)",
+    loaded: dict[str, Any] = {}
+    for variant, dataset in points:
+        if dataset not in loaded:
+            loaded = {dataset: session.dataset(dataset)}   # one dataset's batches on the device at a time
+        n = profile_point(session, variant, dataset, loaded[dataset])
+        print(f"{PROFILED} {variant} {dataset}: {n} table launch(es) after {session.warmup} warm-up batch(es)",
               flush=True)
     return 0
 
@@ -607,8 +613,9 @@ def main(argv: list[str] | None = None, *, supervised: bool = False) -> int:
                    help="pid of the supervising process; exit when it is gone or closes our stdin")
     p = sub.add_parser("profile")
     p.add_argument("run_dir", type=Path)
-    p.add_argument("--variant", required=True)
-    p.add_argument("--dataset", action="append", required=True, help="repeat for several points in one process")
+    p.add_argument("--point", action="append", default=[], help="VARIANT:DATASET, repeated: the points in order")
+    p.add_argument("--variant", help="with --dataset: that variant's points")
+    p.add_argument("--dataset", action="append", default=[], help="repeat for several points in one process")
     p.add_argument("--backend", default=None)
     args = ap.parse_args(argv)
     if supervised:
@@ -618,7 +625,11 @@ def main(argv: list[str] | None = None, *, supervised: bool = False) -> int:
         if args.cmd == "bench":
             points = [tuple(p.split(":", 1)) for p in args.point]
             return run_bench(args.run_dir, points, backend)  # type: ignore[arg-type]
-        return run_profile_target(args.run_dir, args.variant, list(args.dataset), backend)
+        points = [tuple(p.split(":", 1)) for p in args.point]
+        points += [(args.variant, d) for d in args.dataset] if args.variant else []
+        if not points or any(len(p) != 2 for p in points):
+            raise ConfigError("profile target: give --point VARIANT:DATASET, or --variant V with --dataset D")
+        return run_profile_target(args.run_dir, points, backend)  # type: ignore[arg-type]
     except CharacterizeError as e:
         print(f"error: {escape_text(str(e))}", file=sys.stderr, flush=True)
         return e.exit_code

@@ -76,6 +76,31 @@ DEFAULT_METRICS = ",".join(
         "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed",
         "sm__throughput.avg.pct_of_peak_sustained_elapsed",
         "gpc__cycles_elapsed.avg.per_second",   # the SM clock, in every metric set
+        # what the panels read (measure.ncu.PANEL_METRICS)
+        "launch__waves_per_multiprocessor",
+        "smsp__inst_issued.sum",
+        "smsp__inst_executed.sum",
+        "sm__inst_executed.avg.per_cycle_active",
+        "sm__inst_issued.avg.per_cycle_active",
+        "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum",
+        "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum",
+        "l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum",
+        "l1tex__m_xbar2l1tex_read_bytes.sum",
+        "l1tex__m_l1tex2xbar_write_bytes.sum",
+        "lts__t_sectors_srcunit_tex_op_read.sum",
+        "lts__t_sectors_srcunit_tex_op_write.sum",
+        "lts__t_sectors.sum",
+        "dram__bytes.sum.per_second",
+        "dram__bytes.sum.peak_sustained",
+        "dram__cycles_elapsed.avg.per_second",
+        "lts__t_bytes.sum.per_second",
+        "lts__t_bytes.sum.peak_sustained",
+        "lts__cycles_elapsed.avg.per_second",
+        "l1tex__t_bytes.sum.per_second",
+        "l1tex__t_bytes.sum.peak_sustained",
+        "l1tex__cycles_elapsed.avg.per_second",
+        "smsp__warps_eligible.avg.per_cycle_active",
+        "smsp__issue_active.avg.per_cycle_active",
     ]
 )
 GMMA = "smsp__average_warps_issue_stalled_gmma_per_issue_active.ratio"
@@ -500,7 +525,7 @@ def test_cache_collection_argv_is_exact() -> None:
         "--nvtx",
         "--nvtx-include", "chz-profile/",
         "--metrics", "lts__t_sector_hit_rate.pct,lts__t_sectors.sum,lts__t_bytes.sum,dram__bytes_read.sum,"
-                     "dram__bytes_write.sum,gpc__cycles_elapsed.avg.per_second",
+                     "dram__bytes_write.sum",
         "-k", "regex:chz_|EmbeddingBag",
         "python", "-m", "w", "profile",
     ]  # fmt: skip
@@ -522,3 +547,44 @@ def test_replay_mode_is_recorded_per_metric() -> None:
     assert all(m == "kernel" for m in replay_modes(NcuOptions(), cache_collected=False).values())
     with pytest.raises(ConfigError):
         cache_argv(["ncu", "target"], Path("x"))
+
+
+# ---------------------------------------------------------------------------
+# the default set against what the panels read, and against a real GPU's metric list
+# ---------------------------------------------------------------------------
+
+H200 = Path(__file__).resolve().parents[2] / "profiles" / "h200"
+
+
+def test_the_default_set_collects_every_counter_a_panel_reads() -> None:
+    """Every column the report's Nsight Compute panels read (analysis.ncu.PANEL_COLUMNS) comes
+    from a metric the default set asks for by name, or from one its sections put in a report:
+    what a real H200 report collected with the default sections holds (profiles/h200, the
+    first run's base profile)."""
+    from characterize.analysis.ncu import PANEL_COLUMNS, RAW
+    from characterize.extract.ncu_rep import read_report
+
+    asked = set(METRIC_SETS["default"].metrics_for(90))
+    sections = set(read_report(H200 / "paper-gpu" / "ncu" / "base.ncu-rep")["metric"])
+    missing = [c for c in PANEL_COLUMNS if not set(RAW[c]) & (asked | sections)]
+    assert not missing, f"panels read counters the default profile does not collect: {missing}"
+
+
+def test_every_requested_metric_exists_on_hopper() -> None:
+    """Each metric of every set is a counter of the GH100 metric list ncu printed on the H200
+    (ncu --query-metrics --chip gh100; by its base name, before the roll-up), or a metric a
+    real H200 report holds (the sections' derived metrics such as theoretical occupancy);
+    launch attributes are not counters. A name ncu does not know aborts a whole profile."""
+    import gzip
+
+    from characterize.extract.ncu_rep import read_report
+
+    listed = {line.split()[0] for line in gzip.open(H200 / "ncu-probe" / "metrics-gh100.txt.gz", "rt")
+              if line.strip() and not line.startswith(("-", " ", "Chip", "Metric", "=="))}
+    seen = set(read_report(H200 / "ncu-probe" / "panels.ncu-rep")["metric"])
+    for name, metric_set in METRIC_SETS.items():
+        for metric in metric_set.metrics_for(90):
+            if metric.startswith("launch__"):
+                continue
+            assert metric.split(".")[0] in listed or metric in seen, (name, metric)
+    assert "l1tex__t_bytes" in listed and "sm__maximum_warps_per_active_cycle_pct" not in listed

@@ -25,6 +25,9 @@ from characterize.store import load_run
 from tests.conftest import HAS_GPU, fixtures_dir, write_experiment
 
 
+H200 = Path(__file__).resolve().parents[2] / "profiles" / "h200"
+
+
 def experiment(tmp_path: Path, datasets=("medium", "random"), modes=("steady",)) -> Path:
     return write_experiment(tmp_path, datasets=datasets, modes=modes)
 
@@ -156,9 +159,9 @@ def test_bench_without_gpu_says_so(tmp_path):
 # -------------------------------------------------------------------- profile
 @pytest.fixture
 def fake_ncu(tmp_path, monkeypatch):
-    report = fixtures_dir() / "a100_mistic_msdnew.ncu-rep"
-    if not report.is_file():
-        pytest.skip(f"needs a real report recorded on a GPU ({report})")
+    """A stand-in ncu (tests/fakes/fake_ncu.py) that returns a real report recorded on an H200:
+    base on random and medium, two tables each, under our NVTX names (profiles/h200)."""
+    report = H200 / "paper-gpu" / "ncu" / "base.ncu-rep"
     ncu = tmp_path / "bin" / "ncu"
     ncu.parent.mkdir()
     ncu.write_text(f"#!/bin/sh\nexec {sys.executable} {Path(__file__).parents[1] / 'fakes' / 'fake_ncu.py'} \"$@\"\n")
@@ -176,50 +179,74 @@ def calls(log: Path) -> list[list[str]]:
 
 @pytest.mark.slow
 def test_profile_orchestration_end_to_end(tmp_path, fake_ncu):
+    """Every point under one ncu process, then their cache counters in one more under kernel
+    replay, kept because ncu needed one pass per kernel; each point reads back its own kernels
+    of the shared report (split by launch order and the NVTX names), and a resume redoes nothing."""
     ncu, log = fake_ncu
-    exp_path = experiment(tmp_path)
+    exp_path = write_experiment(tmp_path, datasets=("random", "medium"), variants=("base",), tables=2)
     out = tmp_path / "run"
-    r = CliRunner().invoke(main, ["profile", str(exp_path), "--ncu", str(ncu), "--out", str(out),
-                                  "--variants", "base,l2p"])
+    r = CliRunner().invoke(main, ["profile", str(exp_path), "--ncu", str(ncu), "--out", str(out)])
     assert r.exit_code == 0, r.output
-    argvs = calls(log)
-    # per variant, first one ncu process for both datasets; the recorded report the stand-in returns
-    # does not hold 2 points' kernels, so each point then gets its own: the main collection, then the
-    # cache counters under application replay
-    grouped = [a for a in argvs if a.count("--dataset") == 2]
-    assert len(grouped) == 2 and len(argvs) == 2 + 8
-    assert "profiling the points one by one" in (out / "log.txt").read_text()
-    argvs = [a for a in argvs if a.count("--dataset") == 1]
+    assert "2 point(s), 4 kernel(s) under one ncu process" in r.output and "about" in r.output
+    main_argv, cache = calls(log)
     exp = load_experiment(str(exp_path))
-    target = [sys.executable, "-m", "characterize.measure.worker", "profile", str(out), "--variant", "base", "--dataset",
-              "medium", "--backend", "emulate"]
-    expected = build_argv(ncu, ncu_options(exp, None), export_path(out / "ncu" / "base__medium"), target)
-    assert argvs[0] == expected[1:]  # the stand-in sees its arguments, not its own path
-    assert argvs[1] == cache_argv(expected, out / "ncu" / "base__medium.cache")[1:]
-    assert argvs[1][argvs[1].index("--replay-mode") + 1] == "application"
-    assert expected[:20] == [str(ncu), "--export", str(out / "ncu" / "base__medium.ncu-rep"), "--force-overwrite",
+    target = [sys.executable, "-m", "characterize.measure.worker", "profile", str(out), "--point", "base:random",
+              "--point", "base:medium", "--backend", "emulate"]
+    expected = build_argv(ncu, ncu_options(exp, None), export_path(out / "ncu" / "profile-1"), target)
+    assert main_argv == expected[1:]  # the stand-in sees its arguments, not its own path
+    assert cache == cache_argv(expected, out / "ncu" / "profile-1.cache", replay_mode="kernel")[1:]
+    assert expected[:20] == [str(ncu), "--export", str(out / "ncu" / "profile-1.ncu-rep"), "--force-overwrite",
                              "--config-file", "off", "--cache-control", "none", "--clock-control", "none",
                              "--replay-mode", "kernel", "--target-processes", "all", "--nvtx", "--nvtx-include",
                              "chz-profile/", "--section", "LaunchStats", "--section"]
-    assert argvs[0][argvs[0].index("-k") + 1] == f"regex:{KERNEL_FILTER}"
+    assert main_argv[main_argv.index("-k") + 1] == f"regex:{KERNEL_FILTER}"
     run = load_run(out)
     assert run.meta["ncu"]["version"] == "2025.3.1.0"
-    pts = run.points("profile")
-    assert len(pts) == 4 and all(p["status"] == "ok" and p["cache_control"] == "none" for p in pts)
-    log_text = (out / "ncu" / "l2p__medium.log").read_text()
-    assert "NVTX push chz-profile" in log_text and "NVTX push chz/l2p/medium/0" in log_text
+    pts = {p["dataset"]: p for p in run.points("profile")}
+    assert set(pts) == {"random", "medium"} and all(p["status"] == "ok" for p in pts.values())
+    assert pts["random"]["report_positions"] == [0, 1] and pts["medium"]["report_positions"] == [2, 3]
+    assert all(p["tables_per_launch"] == 1 and p["cache_replay_mode"] == "kernel, 1 pass" for p in pts.values())
+    log_text = (out / "ncu" / "profile-1.log").read_text()
+    assert "NVTX push chz/base/random/1" in log_text and "NVTX push chz/base/medium/0" in log_text
     m = run.metrics
-    assert set(m["variant"]) == {"base", "l2p"} and set(m["dataset"]) == {"medium", "random"}
-    assert (m["cache_control"] == "none").all()
-    assert all(p["replay_modes"]["lts__t_sector_hit_rate.pct"] == "application" for p in pts)
+    assert set(m["dataset"]) == {"medium", "random"}
     hit = m[m["metric"] == "lts__t_sector_hit_rate.pct"]
-    assert len(hit) == 4 and (hit["replay_mode"] == "application").all()
-    assert (m[m["metric"] == "gpu__time_duration.sum"]["replay_mode"] == "kernel").all()
+    assert len(hit) == 4 and (hit["replay_mode"] == "kernel, 1 pass").all()
     k = run.kernels
-    assert len(k) == 4 and k["achieved_occupancy_pct"].round(2).eq(80.59).all()
-    again = CliRunner().invoke(main, ["profile", str(exp_path), "--ncu", str(ncu), "--out", str(out),
-                                      "--variants", "base,l2p", "--resume"])
-    assert again.exit_code == 0 and len(calls(log)) == 10  # nothing redone
+    assert len(k) == 4 and sorted(k.groupby("dataset").size().items()) == [("medium", 2), ("random", 2)]
+    again = CliRunner().invoke(main, ["profile", str(exp_path), "--ncu", str(ncu), "--out", str(out), "--resume"])
+    assert again.exit_code == 0 and len(calls(log)) == 2  # nothing redone
+
+
+@pytest.mark.slow
+def test_cache_counters_that_need_several_passes_are_collected_again_under_application_replay(
+        tmp_path, fake_ncu, monkeypatch):
+    ncu, log = fake_ncu
+    monkeypatch.setenv("FAKE_NCU_PASSES", "3")
+    exp_path = write_experiment(tmp_path, datasets=("random", "medium"), variants=("base",), tables=2)
+    r = CliRunner().invoke(main, ["profile", str(exp_path), "--ncu", str(ncu), "--out", str(tmp_path / "run")])
+    assert r.exit_code == 0, r.output
+    modes = [a[a.index("--replay-mode") + 1] for a in calls(log)]
+    assert modes == ["kernel", "kernel", "application"]
+    pts = load_run(tmp_path / "run").points("profile")
+    assert all(p["replay_modes"]["dram__bytes_read.sum"] == "application" for p in pts)
+    assert "collecting them again under application replay" in (tmp_path / "run" / "log.txt").read_text()
+
+
+@pytest.mark.slow
+def test_points_a_shared_report_cannot_attribute_are_profiled_one_by_one(tmp_path, fake_ncu):
+    """The stand-in's report holds 4 kernels; base and l2p on two datasets launch 6 in the
+    shared process (l2p: pre-pass and lookup): the points are then profiled one process each."""
+    ncu, log = fake_ncu
+    out = tmp_path / "run"
+    r = CliRunner().invoke(main, ["profile", str(experiment(tmp_path)), "--ncu", str(ncu), "--out", str(out),
+                                  "--variants", "base,l2p"])
+    assert r.exit_code == 0, r.output
+    argvs = calls(log)
+    assert argvs[0].count("--point") == 4 and len(argvs) == 1 + 4 * 2
+    assert [a.count("--point") for a in argvs[1:]] == [1] * 8
+    assert "profiling the points one by one" in (out / "log.txt").read_text()
+    assert len(load_run(out).points("profile")) == 4
 
 
 def test_profile_permission_error_is_explained_and_stops(tmp_path, fake_ncu, monkeypatch):
@@ -328,23 +355,23 @@ def test_a_variant_that_fails_its_check_is_a_failed_profile_point_with_the_reaso
     assert "not profiled" in pts["wrong"]["error"] and pts["base"]["status"] == "ok"
 
 
-def test_a_report_shared_by_a_variants_points_is_split_by_launch_order(ncu_fixtures):
-    """One ncu process for a variant's points: each point's kernels by position (the target
-    profiles the points in order), checked against the datasets NVTX named, and each point
-    reads back only its own kernels."""
+def test_a_report_shared_by_several_points_is_split_by_launch_order_and_nvtx():
+    """One ncu process for several points: each point's kernels by position (the target
+    profiles the points in order), checked against the variant and dataset NVTX named, and
+    each point reads back only its own kernels. A real H200 report of base on random and
+    medium, two tables each (profiles/h200)."""
     from characterize.extract.ncu_rep import read_report
-    from characterize.measure.runner import split_report
+    from characterize.measure.runner import split_points
     from characterize.store import _at_positions
 
-    kernels = read_report(ncu_fixtures / "a100_mistic_msdkt23.ncu-rep")
+    kernels = read_report(H200 / "paper-gpu" / "ncu" / "base.ncu-rep")
     ids = list(pd.unique(kernels["kernel_id"]))
-    n = len(ids) // 2
-    two = kernels[kernels["kernel_id"].isin(ids[:2 * n])].copy()
-    two["dataset"] = ""   # a report without our NVTX names: launch order alone
-    parts = split_report(two, ["medium", "low"], n)
-    assert parts == {"medium": list(range(n)), "low": list(range(n, 2 * n))}
-    assert set(_at_positions(two, parts["low"])["kernel_id"]) == set(ids[n:2 * n])
-    assert split_report(two, ["medium", "low"], n + 1) is None   # not the launches the target made
-    named = two.assign(dataset=two["kernel_id"].map(lambda k: "medium" if k in ids[:n] else "low"))
-    assert split_report(named, ["medium", "low"], n) == parts
-    assert split_report(named, ["low", "medium"], n) is None      # NVTX disagrees with the order
+    points = [("base", "random"), ("base", "medium")]
+    parts = split_points(kernels, points, [2, 2])
+    assert parts == {("base", "random"): [0, 1], ("base", "medium"): [2, 3]}
+    assert set(_at_positions(kernels, parts[("base", "medium")])["kernel_id"]) == set(ids[2:])
+    assert split_points(kernels, points, [2, 1]) is None                                  # not what the target made
+    assert split_points(kernels, points[::-1], [2, 2]) is None                            # NVTX disagrees
+    assert split_points(kernels, [("warp", "random"), ("base", "medium")], [2, 2]) is None
+    unnamed = kernels.assign(dataset="", variant="")                                       # launch order alone
+    assert split_points(unnamed, points[::-1], [1, 3]) == {("base", "medium"): [0], ("base", "random"): [1, 2, 3]}
