@@ -267,6 +267,7 @@ class BenchConfig:
     modes: tuple[str, ...] = ("steady", "cold")
     l2_set_aside: bool = True   # l2p/combined: a persisting-L2 set-aside for the pinned rows (False: without)
     timeout_s: float = 900.0    # a point's worker that has not finished it after this long is stopped (point failed)
+    stall_s: float = 30.0       # a worker whose heartbeat stopped this long (stopped, frozen) is stopped (point failed)
 
     def validate(self) -> "BenchConfig":
         if not isinstance(self.l2_set_aside, bool):
@@ -278,6 +279,8 @@ class BenchConfig:
         _seconds("bench.budget_s", self.budget_s, 0, MAX_SECONDS, "seconds of repetitions per point")
         _seconds("bench.timeout_s", self.timeout_s, self.budget_s, MAX_SECONDS,
                  "seconds a point may take, more than bench.budget_s")
+        _seconds("bench.stall_s", self.stall_s, 2.0, MAX_SECONDS,
+                 "seconds without a heartbeat from the worker (it beats every second) before it is stopped")
         bad = set(self.modes) - {"steady", "cold"}
         if bad or not self.modes:
             raise ConfigError(f"bench modes must be steady and/or cold, got {', '.join(self.modes)}")

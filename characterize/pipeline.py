@@ -688,7 +688,7 @@ def _measurable(ctx: StepContext, kind: str) -> ExperimentConfig:
 
 def _bench(ctx: StepContext) -> None:
     exp = _measurable(ctx, "bench")
-    points = pending_points(ctx.run, "bench", exp)
+    points = pending_points(ctx.run, "bench", exp, say=ctx.reporter.message)
     where = "CUDA events" if ctx.backend == "cuda" else "CPU emulation"
     with ctx.reporter.task(f"bench ({where}{', Slurm' if ctx.executor == 'slurm' else ''})", total=len(points),
                            unit="points") as task:
@@ -702,7 +702,7 @@ def _profile(ctx: StepContext) -> None:
     # through Slurm, --ncu names ncu on the nodes; without it, ncu must be found here too
     tool = ctx.ncu if ctx.executor == "slurm" and ctx.ncu else str(find_ncu(ctx.ncu))
     exp = _measurable(ctx, "profile")
-    points = pending_points(ctx.run, "profile", exp)
+    points = pending_points(ctx.run, "profile", exp, say=ctx.reporter.message)
     placement = Placement(ctx.executor, ctx.backend, tool if ctx.executor == "local" or ctx.ncu else None)
     with ctx.reporter.task(f"profile ({tool})", total=len(points), unit="points") as task:
         counts = follow_points(ctx.run, "profile", points, task, lambda: measure_stage(

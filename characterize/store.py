@@ -215,6 +215,7 @@ def run_fingerprint(exp: Any, backend: str | None = None, gpu: str | None = None
             traces[d] = {"sha256": _sha256(Path(parsed)), "bytes": Path(parsed).stat().st_size}
     bench = dataclasses.asdict(exp.bench)
     bench.pop("timeout_s", None)   # how long a point may take changes nothing it measures
+    bench.pop("stall_s", None)
     profile = dataclasses.asdict(exp.profile)
     # a profiled launch follows bench's warm-up batches: what a profile point measured depends on them
     profile["warmup_batches"] = exp.bench.warmup

@@ -265,3 +265,8 @@ def test_a_typo_is_named_before_the_gpu_ncu_or_slurm_is_looked_for(tmp_path):
     refused(cli("predict", "quick", "--arch", "h10"), 2, "unknown GPU 'h10'", "Did you mean 'h100'")
     refused(cli("bench", "quick", "--variants", "zzzz"), 2, "unknown variant 'zzzz'")
     assert "Did you mean" not in cli("bench", "quick", "--variants", "zzzz").stderr
+
+
+def test_a_dtype_no_kernel_reads_is_refused_by_name_not_built_as_nothing():
+    refused(cli("build", "--dtype", "fp64", "--arch", "sm_90"), 2, "dtype 'fp64' is not supported", "fp32")
+    refused(cli("build", "--dtype", "fp8", "--variants", "base", "--arch", "sm_90"), 2, "cannot read fp8")

@@ -133,7 +133,7 @@ def bench(experiment: str, variants: str | None, datasets: str | None, out: Path
     exp, run = _prepare(experiment, out, "bench", resume, backend, variants, datasets, executor,
                         _slurm(slurm_partition, slurm_gpus_per_task, slurm_time), remeasure, **overrides)
     exp = measurable(exp, backend, "bench", echo_err, run)
-    points = pending_points(run, "bench", exp)
+    points = pending_points(run, "bench", exp, say=echo_err)
     echo_err(f"bench {exp.name}: {len(points)} point(s) to time into {run.path} (backend {backend})")
     with TerminalReporter(indent="") as reporter, reporter.task("bench", len(points), "points") as task:
         counts = follow_points(run, "bench", points, task,
@@ -194,7 +194,7 @@ def profile(experiment: str, variants: str | None, datasets: str | None, out: Pa
     exp, run = _prepare(experiment, out, "profile", resume, backend, variants, datasets, executor,
                         _slurm(slurm_partition, slurm_gpus_per_task, slurm_time), remeasure, **overrides)
     exp = measurable(exp, backend, "profile", echo_err, run)
-    points = pending_points(run, "profile", exp)
+    points = pending_points(run, "profile", exp, say=echo_err)
     echo_err(f"profile {exp.name}: {len(points)} point(s) with {ncu} (cache-control {exp.profile.cache_control}, "
              f"clock-control {exp.profile.clock_control}, metric set {exp.profile.metric_set})")
     placement = Placement(executor, backend, ncu if executor == "local" or ncu_path else None, timeout)

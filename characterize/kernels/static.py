@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from functools import lru_cache
 from typing import Any, Iterable
 
-from characterize.config import DEFAULT_ARCHS
+from characterize.config import DEFAULT_ARCHS, dtype_spec
 from characterize.errors import BuildError, ConfigError, ToolchainNotFound, UnsupportedShape
 from characterize.hardware.specs import ARCHS, normalize_arch
 from characterize.kernels.build import BuildResult, BuildSpec, build_many
@@ -220,6 +220,7 @@ def plan_variants(variants: Iterable[str] | None = None, archs: Iterable[str] = 
     builds it (capped variants at their default or given cap), from the `dtype` library."""
     if isinstance(D, bool) or not isinstance(D, numbers.Integral) or D < 1:
         raise ConfigError(f"D must be a positive integer, got {D!r}")
+    dtype_spec(dtype)   # a dtype no kernel reads is refused by name, not built as nothing
     # by default every built-in variant that reads `dtype` (fp8: tbe alone); one named is held to it
     names = list(variants) if variants is not None else [n for n in built_in() if dtype in get_variant(n).dtypes]
     chosen: list[Variant] = [get_variant(n) for n in names]

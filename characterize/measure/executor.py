@@ -442,7 +442,8 @@ def measure_points(run: RunDir, kind: str, exp: ExperimentConfig, points: Sequen
     placement.validate()
     if placement.executor == "local":
         if kind == "bench":
-            return bench_points(run, list(points), placement.backend, progress, timeout_s=exp.bench.timeout_s)
+            return bench_points(run, list(points), placement.backend, progress, timeout_s=exp.bench.timeout_s,
+                                stall_s=exp.bench.stall_s)
         backend = None if placement.backend in (None, "cuda") else placement.backend
         return profile_points(run, exp, list(points), ProfileSettings(find_ncu(placement.ncu), placement.timeout_s,
                                                                         backend), progress)

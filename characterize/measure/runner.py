@@ -47,6 +47,7 @@ from characterize.measure.ncu import (
 from characterize.measure.worker import (
     BENCH_CLOCK_CONTROL,
     EXIT_CUDA_ERROR,
+    HEARTBEAT,
     INFLIGHT,
     PROFILE_RANGE,
     PROFILED,
@@ -68,11 +69,28 @@ from characterize.store import (
 
 
 def pending_points(run: RunDir, kind: str, exp: ExperimentConfig, variants: Sequence[str] | None = None,
-                   datasets: Sequence[str] | None = None) -> list[tuple[str, str]]:
-    """(variant, dataset) points of the experiment not finished yet, dataset-major."""
+                   datasets: Sequence[str] | None = None, say: Progress | None = None) -> list[tuple[str, str]]:
+    """(variant, dataset) points of the experiment not finished yet, dataset-major. A point
+    file that exists but is not a point (damaged, cut short, a list where a record belongs) is
+    measured again, said to `say` and in the run's log naming the file and what is wrong."""
     vs = list(variants or exp.variants)
     ds = list(datasets or exp.datasets)
-    return [(v, d) for d in ds for v in vs if not run.has_point(kind, v, d)]
+    out = []
+    for d in ds:
+        for v in vs:
+            if run.has_point(kind, v, d):
+                continue
+            out.append((v, d))
+            path = run.point_path(kind, v, d)
+            if path.is_file():
+                try:
+                    read_json(path, kind)
+                except RunDirError as e:
+                    msg = f"{kind} {v} {d}: {str(e).split('; ')[0]}; measured again"
+                    run.log(msg)
+                    if say is not None:
+                        say(msg)
+    return out
 
 
 def _worker_cmd(run_dir: Path, points: list[tuple[str, str]], backend: str | None) -> list[str]:
@@ -106,45 +124,69 @@ def _describe_exit(code: int) -> str:
 POLL_S = 0.25
 
 
+#: a bench worker whose heartbeat (worker.start_heartbeat) is older than this is stopped
+STALL_S = 30.0
+
+
 def _wait_worker(proc: subprocess.Popen, run: RunDir, remaining: list[tuple[str, str]], inflight: Path,
-                 timeout_s: float) -> tuple[int, str | None]:
-    """Wait for a bench worker; (exit code, None), or when it went `timeout_s` without
-    finishing the point it is on (or, before its first, without starting one), stop it
-    and return (its exit code, the key of that point or "" when none had started)."""
+                 timeout_s: float, heartbeat: Path | None = None,
+                 stall_s: float = STALL_S) -> tuple[int, str | None, str]:
+    """Wait for a bench worker; (exit code, None, ""), or when it went `timeout_s` without
+    finishing the point it is on (or, before its first, without starting one), or its
+    heartbeat stopped for `stall_s` (a stopped or frozen process), stop it and return (its
+    exit code, the key of that point or "" when none had started, why it was stopped)."""
     current, since = None, time.monotonic()
     finished = 0
     while True:
         try:
-            return proc.wait(timeout=POLL_S), None
+            return proc.wait(timeout=POLL_S), None, ""
         except subprocess.TimeoutExpired:
             pass
         key = inflight.read_text().strip() if inflight.is_file() else None
         done = sum(run.point_path("bench", v, d).is_file() for v, d in remaining)
         if key != current or done != finished:
             current, finished, since = key, done, time.monotonic()
+        why = ""
+        try:
+            silent = time.time() - heartbeat.stat().st_mtime if heartbeat is not None else 0.0
+        except OSError:
+            silent = 0.0
+        if silent > stall_s:
+            why = (f"the worker stopped: no heartbeat for {silent:.0f} s (a stopped or frozen process), well "
+                   f"before the point's {timeout_s:g} s timeout")
         elif time.monotonic() - since > timeout_s:
-            proc.terminate()
+            why = (f"stopped after {timeout_s:g} s without finishing this point (bench.timeout_s, --timeout); "
+                   "the worker made no progress")
+        if why:
+            if silent > stall_s:
+                proc.kill()        # a stopped process does not run its SIGTERM handler
+            else:
+                proc.terminate()
             try:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-            return proc.returncode, key or ""
+            return proc.returncode, key or "", why
 
 
 def bench_points(run: RunDir, points: list[tuple[str, str]], backend: str | None = None,
-                 progress: Progress = _quiet, max_restarts: int = 20, timeout_s: float = 900.0) -> dict[str, int]:
+                 progress: Progress = _quiet, max_restarts: int = 20, timeout_s: float = 900.0,
+                 stall_s: float = STALL_S) -> dict[str, int]:
     """Time `points` in worker processes; returns counts of ok / failed points. A worker
     that dies costs the point it was on; one that spends `timeout_s` on a point without
-    finishing it is stopped, the point recorded as failed, and a fresh worker goes on."""
+    finishing it, or whose heartbeat stops for `stall_s`, is stopped, the point recorded as
+    failed, and a fresh worker goes on."""
     remaining = list(points)
     restarts = 0
     inflight = run.path / "points" / "bench" / INFLIGHT
+    heartbeat = run.path / "points" / "bench" / HEARTBEAT
     while remaining:
         inflight.unlink(missing_ok=True)
+        heartbeat.unlink(missing_ok=True)
         proc = _start_worker(run, _worker_cmd(run.path, remaining, backend))
         try:
-            code, stuck = _wait_worker(proc, run, remaining, inflight, timeout_s)
+            code, stuck, why = _wait_worker(proc, run, remaining, inflight, timeout_s, heartbeat, stall_s)
         except KeyboardInterrupt:  # Ctrl-C, or SIGTERM/SIGHUP turned into it by the CLI
             proc.terminate()  # SIGTERM: the worker unwinds (SIGINT may be ignored in background jobs)
             try:
@@ -164,11 +206,10 @@ def bench_points(run: RunDir, points: list[tuple[str, str]], backend: str | None
                 break
             # the point it was on, or (stuck before its first: loading the data) the next one
             v, d = next((p for p in remaining if point_key(*p) == stuck), remaining[0])
-            why = (f"stopped after {timeout_s:g} s without finishing this point (bench.timeout_s, --timeout); the "
-                   f"worker made no progress; see {run.path / 'log.txt'}")
+            why = f"{why}; see {run.path / 'log.txt'}"
             run.write_point("bench", v, d, {"status": "failed", "error": why})
             run.log(f"bench {v} {d}: {why}")
-            progress(f"{v} {d}: no progress in {timeout_s:g} s, stopped; continuing with a fresh worker")
+            progress(f"{v} {d}: {why.split(';')[0]}; continuing with a fresh worker")
             remaining.remove((v, d))
             restarts += 1
             if restarts > max_restarts:
@@ -195,6 +236,7 @@ def bench_points(run: RunDir, points: list[tuple[str, str]], backend: str | None
         if restarts > max_restarts:
             raise RunDirError(f"bench workers died {restarts} times; giving up (see {run.path / 'log.txt'})")
     inflight.unlink(missing_ok=True)
+    heartbeat.unlink(missing_ok=True)
     pts = load_run(run.path).points("bench")
     keys = {point_key(v, d) for v, d in points}
     ok = sum(p.get("status") == "ok" for p in pts if point_key(p["variant"], p["dataset"]) in keys)

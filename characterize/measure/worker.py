@@ -20,6 +20,8 @@ import argparse
 import os
 import re
 import sys
+import threading
+import time
 import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -79,6 +81,9 @@ FBGEMM_FORWARD_KERNEL = "split_embedding_codegen_forward"
 #: point; profile follows the same policy by default (ProfileConfig.clock_control "none")
 BENCH_CLOCK_CONTROL = "none"
 INFLIGHT = ".inflight"
+#: a bench worker's heartbeat file, touched every HEARTBEAT_S seconds (start_heartbeat)
+HEARTBEAT = ".heartbeat"
+HEARTBEAT_S = 1.0
 #: how the profile target starts the line it prints after each point (the runner follows them)
 PROFILED = "profiled"
 EXIT_CUDA_ERROR = 3  # the CUDA context may be poisoned: the supervisor starts a fresh worker
@@ -318,8 +323,25 @@ def _bench_bound(session: Session, variant: str, dataset: str, batches: list, ke
                if first.variant.host == "uvm" else {})}
 
 
+def start_heartbeat(path: Path, every_s: float = HEARTBEAT_S) -> None:
+    """Touch `path` every `every_s` seconds from a thread of its own, for as long as this
+    process runs: a worker that is stopped (SIGSTOP, a debugger, a frozen driver call holding
+    the whole process) stops beating, which the runner sees long before the point's timeout."""
+    def beat() -> None:
+        while True:
+            try:
+                path.touch()
+            except OSError:
+                pass
+            time.sleep(every_s)
+
+    threading.Thread(target=beat, name="heartbeat", daemon=True).start()
+
+
 def run_bench(run_dir: Path, points: list[tuple[str, str]], backend: str) -> int:
     """Time `points` in order, writing each as it finishes; returns the exit status."""
+    (run_dir / "points" / "bench").mkdir(parents=True, exist_ok=True)
+    start_heartbeat(run_dir / "points" / "bench" / HEARTBEAT)
     run = load_run(run_dir)
     exp = ExperimentConfig.from_dict(run.meta["experiment"])
     writer = RunDir(run_dir)

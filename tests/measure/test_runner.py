@@ -125,6 +125,30 @@ def test_kill_leaves_a_valid_partial_run_and_resume_finishes_it(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_stopped_worker_is_found_by_its_heartbeat_long_before_the_point_timeout(tmp_path):
+    """A worker stopped with SIGSTOP (as a frozen process would be) stops touching its heartbeat:
+    the runner stops it after bench.stall_s (3 s here), far under the 900 s point timeout, records
+    the point in flight as failed with the reason, and a fresh worker finishes the others."""
+    exp = experiment(tmp_path, datasets=("medium",))
+    exp.write_text(exp.read_text().replace("[bench]\n", "[bench]\nstall_s = 3.0\n"))
+    out = tmp_path / "run"
+    start = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "characterize.cli", "bench", str(exp), "--backend", "emulate",
+                             "--out", str(out)], stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    _wait_for_points(out, 1)
+    workers = _worker_pids(proc.pid)
+    assert workers, "the bench command started no worker"
+    for pid in workers:
+        os.kill(pid, signal.SIGSTOP)
+    assert proc.wait(timeout=120) == 13
+    assert time.monotonic() - start < 120
+    run = load_run(out)
+    stopped = run.failures
+    assert len(stopped) == 1 and "no heartbeat" in stopped["error"].iloc[0], stopped
+    assert len(run.points("bench")) == 6 and (run.bench["status"] == "ok").sum() >= 4
+
+
+@pytest.mark.slow
 def test_a_dying_worker_costs_one_point(tmp_path):
     exp = experiment(tmp_path, datasets=("medium", "random"))
     out = tmp_path / "run"
@@ -375,3 +399,15 @@ def test_a_report_shared_by_several_points_is_split_by_launch_order_and_nvtx():
     assert split_points(kernels, [("warp", "random"), ("base", "medium")], [2, 2]) is None
     unnamed = kernels.assign(dataset="", variant="")                                       # launch order alone
     assert split_points(unnamed, points[::-1], [1, 3]) == {("base", "medium"): [0], ("base", "random"): [1, 2, 3]}
+
+
+@pytest.mark.slow
+def test_a_point_file_that_is_not_a_point_is_measured_again_naming_it(tmp_path):
+    exp = experiment(tmp_path, datasets=("random",))
+    out = tmp_path / "run"
+    assert cli("bench", exp, "--backend", "emulate", "--out", out, "--variants", "base").returncode == 0
+    (out / "points" / "bench" / "base__random.json").write_text("[]")
+    r = cli("bench", exp, "--backend", "emulate", "--out", out, "--variants", "base", "--resume")
+    assert r.returncode == 0, r.stderr
+    assert "bench base random:" in r.stderr and "base__random.json" in r.stderr and "measured again" in r.stderr
+    assert "1 point(s) to time" in r.stderr and load_run(out).points("bench")[0]["status"] == "ok"
