@@ -869,11 +869,14 @@ class E2EOutcome:
 def e2e(exp: ExperimentConfig, variants: Sequence[str] | None = None, archs: Sequence[str] | None = None, *,
         dlrm: DlrmConfig | None = None, backward: str = "sort", optimizer: str = "sgd",
         overheads: Overheads | None = None, check: bool = True, code: CodeFacts | None = None,
-        predictions: pd.DataFrame | None = None, progress: Reporter | Progress | None = None) -> E2EOutcome:
+        predictions: pd.DataFrame | None = None, progress: Reporter | Progress | None = None,
+        datasets: Sequence[str] | None = None, reps: int = 20, measure: bool = True) -> E2EOutcome:
     """The DLRM step around each variant: checked on the CPU (or the GPU) at a small
-    size, predicted stage by stage for every target GPU, and measured when a GPU is here.
-    `predictions` (a run's, covering the variants and targets) spare predicting the
-    embedding stage again; the step runs at the workload's own precision."""
+    size, predicted stage by stage for every target GPU, and measured when a GPU is here
+    (and `measure`; `datasets` of the experiment's, `reps` timed steps each). `predictions`
+    (a run's, covering the variants and targets) spare predicting the embedding stage
+    again; the step runs at the workload's own precision. A variant that cannot run here
+    (FBGEMM not installed) is predicted but neither checked nor measured, said in one line."""
     reporter = as_reporter(progress)
     say = reporter.message
     dlrm = (dlrm or DlrmConfig.for_dim(exp.workload.D)).validate(exp.workload.D)
@@ -882,11 +885,16 @@ def e2e(exp: ExperimentConfig, variants: Sequence[str] | None = None, archs: Seq
     names = list(dict.fromkeys(["base", *(variants or exp.variants)]))   # base: the speedups' reference
     exp = dataclasses.replace(exp, variants=tuple(names))
     found = devices()
+    backend = "cuda" if found else "emulate"
+    skipped = {v: why for v in names if (why := unavailable(v, backend))}
+    for v, why in skipped.items():
+        say(f"e2e: {v} predicted only, not checked or measured: {why}")
+    runnable = [v for v in names if v not in skipped]
     checks = pd.DataFrame()
     if check:
-        say(f"checking the DLRM step of {len(names)} variant(s) against torch autograd "
+        say(f"checking the DLRM step of {len(runnable)} variant(s) against torch autograd "
             f"({'GPU' if found else 'CPU emulation'})")
-        checks = pd.DataFrame(check_pipeline(names, backend="cuda" if found else "emulate"))
+        checks = pd.DataFrame(check_pipeline(runnable, backend=backend))
     targets = list(archs or exp.archs)
     emb = _e2e_embedding(predictions, names, targets, exp.workload.dtype)
     if emb is None:
@@ -907,13 +915,36 @@ def e2e(exp: ExperimentConfig, variants: Sequence[str] | None = None, archs: Seq
                                   dtype=exp.workload.dtype)
     rows = predict_e2e(exp.workload, dlrm, emb, gpus, constants, unique, backward=backward, optimizer=optimizer,
                        overheads=overheads, training=training, hottest=hottest)
-    if found:
-        say("timing the DLRM step on the GPU")
-        measured = pd.DataFrame(measure_step(exp.workload, dlrm, names, exp.datasets, backward=backward,
-                                             optimizer=optimizer, params=exp.params))
+    if found and measure:
+        timed = list(datasets or exp.datasets)
+        estimate = e2e_estimate(exp.workload, len(runnable), len(timed), reps)
+        say(f"timing the DLRM step on the GPU: {len(runnable)} variant(s) x {len(timed)} dataset(s), inference and "
+            f"training, {reps} steps each; about {estimate:.0f} s")
+        measured = pd.DataFrame(measure_step(exp.workload, dlrm, runnable, timed, backward=backward,
+                                             optimizer=optimizer, params=exp.params, reps=reps, progress=say))
         info = found[0].spec()
         rows = pd.concat([rows, measured.assign(gpu=info.key, arch=info.arch)], ignore_index=True)
     return E2EOutcome(rows, checks, training)
+
+
+@dataclass(frozen=True)
+class E2ECosts:
+    """What timing the DLRM step costs, as planned before it starts (upper bounds until a
+    GPU run's log replaces them): building the model, loading a dataset, binding a variant,
+    and one step at the paper's shape."""
+
+    model_s: float = 5.0             # the model's tables and MLPs on the device
+    lookups_per_s: float = 7e6       # a dataset's trace generated and copied (as profile's)
+    bind_s: float = 1.0              # a variant bound to every table (hot rows, reordering)
+    step_s_per_Mlookup: float = 0.01  # one inference + one training step per million lookups of a batch
+
+
+def e2e_estimate(wl: WorkloadConfig, variants: int, datasets: int, reps: int, costs: E2ECosts = E2ECosts()) -> float:
+    """Seconds timing the DLRM step of `variants` x `datasets` should take (warm-up included)."""
+    lookups = wl.T * wl.lookups_per_batch
+    steps = (reps + 3) * 2   # warm-up and timed, inference and training
+    return (costs.model_s + datasets * wl.T * wl.batches * wl.lookups_per_batch / costs.lookups_per_s
+            + variants * datasets * (costs.bind_s + steps * costs.step_s_per_Mlookup * lookups / 1e6))
 
 
 # --------------------------------------------------------------- self-test

@@ -43,7 +43,8 @@ def e2e(experiment: str, variants: str | None, archs: str | None, bottom: str | 
     dlrm = DlrmConfig(DlrmConfig.parse_dims(bottom) if bottom else paper.bottom, DlrmConfig.parse_dims(top))
     overheads = Overheads() if dispatch_us is None else Overheads(dispatch_us=dispatch_us)
     start = time.perf_counter()
-    with TerminalReporter(indent="", quiet=as_json) as reporter:
+    # progress goes to stderr with --json too (stdout holds the JSON): timing the step takes minutes
+    with TerminalReporter(indent="", bars=False if as_json else None) as reporter:
         out = run_e2e(exp, csv_list(variants), csv_list(archs), dlrm=dlrm, backward=backward, optimizer=optimizer,
                       overheads=overheads, progress=reporter)
     bad = out.checks[~out.checks["ok"]] if not out.checks.empty else out.checks

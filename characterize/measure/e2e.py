@@ -390,19 +390,29 @@ def check_pipeline(variants: Sequence[str], dataset: str = "medium", *, backend:
 
 def measure_step(wl: WorkloadConfig, dlrm: DlrmConfig, variants: Sequence[str], datasets: Sequence[str], *,
                  phases: Sequence[str] = ("inference", "training"), backward: str = "sort", optimizer: str = "sgd",
-                 params: dict | None = None, reps: int = 20, gpu: object = None) -> list[dict]:
+                 params: dict | None = None, reps: int = 20, gpu: object = None,
+                 progress: Callable[[str], None] | None = None) -> list[dict]:
     """Per (variant, dataset, phase, stage) the mean time on this GPU and its 95%
     confidence interval, plus 'total' (the whole batch). Stages are CUDA-event
-    intervals on the default stream, so host gaps between kernels count."""
+    intervals on the default stream, so host gaps between kernels count. `progress`
+    hears one line per variant and dataset timed."""
+    import time
+
     device = require_cuda()
     params = params or {}
     model = Dlrm.create(wl, dlrm, device)
     rows = []
+    done, total, start = 0, len(variants) * len(datasets), time.perf_counter()
     for dataset in datasets:
         ds = load_dataset(dataset, wl)
         batch = make_batch(ds, dlrm, 0, device)
         traces = [torch.as_tensor(t.indices, device=device) for t in ds.tables]
         for v in variants:
+            done += 1
+            if progress is not None:
+                spent = time.perf_counter() - start
+                left = f", about {spent / (done - 1) * (total - done + 1):.0f} s left" if done > 1 else ""
+                progress(f"timing the DLRM step around {v} on {dataset} ({done}/{total}, {spent:.0f} s{left})")
             with embedding_stage(model, v, traces, "cuda", params.get(v), gpu) as embed:
                 for phase in phases:
                     if phase == "inference":

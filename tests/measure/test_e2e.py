@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pandas as pd
@@ -132,10 +133,12 @@ def test_cli_e2e_json(tmp_path):
     toml = tmp_path / "e.toml"
     toml.write_text('name = "e"\ndatasets = ["high"]\nvariants = ["base", "warp"]\narchs = ["sm_80"]\n'
                     '[workload]\nT = 2\nE = 20000\nD = 64\nB = 128\nL = "10"\nbatches = 2\n')
-    res = CliRunner().invoke(main, ["e2e", str(toml), "--bottom", "32-64", "--json"])
+    res = CliRunner().invoke(main, ["e2e", str(toml), "--bottom", "32-64", "--variants", "base,warp,fbgemm",
+                                    "--json"])
     assert res.exit_code == 0, res.output
     rows = json.loads(res.stdout)
     assert rows and all(set(E2E_KEYS) <= set(r) for r in rows)
+    assert "checking the DLRM step" in res.stderr   # progress on stderr, the JSON alone on stdout
     assert {r["phase"] for r in rows} == {"inference", "training"}
     bad = CliRunner().invoke(main, ["e2e", str(toml), "--bottom", "32-16"])
     assert bad.exit_code != 0 and "D=64" in bad.output
@@ -234,3 +237,19 @@ def test_training_kernels_are_timed_on_the_gpu():
                                          phases=("training",), backward="cuda-fused", optimizer="rowwise_adagrad",
                                          reps=3))
     assert (step[step["stage"] == "embedding_backward"]["time_us"] > 0).all()
+
+
+def test_a_variant_whose_package_is_missing_is_predicted_not_checked(monkeypatch):
+    """Without FBGEMM, e2e predicts fbgemm from its SASS and says in one line why it neither
+    checks nor times it, instead of failing."""
+    import sys
+
+    from characterize.pipeline import e2e as run_e2e, load_experiment
+
+    monkeypatch.setitem(sys.modules, "fbgemm_gpu", None)
+    lines: list[str] = []
+    exp = dataclasses.replace(load_experiment("quick"), datasets=("high",))
+    out = run_e2e(exp, ["warp", "fbgemm"], ["sm_80"], progress=lines.append)
+    assert any("fbgemm predicted only" in line and "not installed" in line for line in lines), lines
+    assert set(out.checks["variant"]) == {"base", "warp"} and out.checks["ok"].all()
+    assert "fbgemm" in set(out.rows["variant"])
