@@ -165,6 +165,13 @@ class PointsFailed(CharacterizeError):
     exit_code = 13
 
 
+class OutOfTime(CharacterizeError):
+    """A step's time budget (--budget) ran out before all its points were measured: what
+    finished is kept, the rest is cut (not failed), and `--resume` measures it."""
+
+    exit_code = 13
+
+
 class FileSystemError(CharacterizeError):
     """The operating system refused a file operation (disk full, read-only, permission,
     a file where a directory belongs, a name too long): one line naming the path and the

@@ -85,22 +85,25 @@ def test_the_e2e_step_reuses_the_runs_predictions_and_they_give_the_same_step(mo
     assert pipeline._e2e_embedding(partial, ["base", "warp"], exp.archs, exp.workload.dtype) is None
 
 
-def test_the_selftest_is_planned_under_ten_minutes_by_construction():
-    """The self-test's plan (upper bounds per step from the experiment's own budgets) fits
-    in 10 minutes on a GPU machine's cores; it checks each variant x dtype once (and mean
-    mode), and runs one ncu process (plus its cache collection) per variant."""
+def test_the_selftest_plan_fits_its_budget_in_the_order_of_value():
+    """The plan lists the steps by what each is worth (device check, bench, profile, the DLRM
+    step), keeps the report's time aside, and cuts what the budget does not hold, saying why;
+    the default budget (8 minutes) holds every step of the selftest experiment on 16 cores."""
     from characterize.config import DTYPES
     from characterize.pipeline import SELFTEST_BUDGET_S, load_experiment, selftest_checks, selftest_plan
 
     exp = load_experiment("selftest")
-    for cores in (8, 16):
-        plan = selftest_plan(exp, cores)
-        assert plan.seconds < SELFTEST_BUDGET_S, plan.lines()
-    steps = {name: (n, sec) for name, n, sec, _ in selftest_plan(exp, 16).steps}
-    assert steps["profile"][0] == len(exp.variants)   # processes: one per variant, not per point
+    plan = selftest_plan(exp, 16)
+    assert [st.name for st in plan.steps] == ["check", "bench", "profile", "e2e", "report"]
+    assert all(st.fits for st in plan.steps) and plan.seconds <= SELFTEST_BUDGET_S == 480, plan.lines()
     public = built_in()   # fbgemm is checked where it is installed
-    assert steps["check"][0] == len(public) * (len(DTYPES) + 1) and selftest_checks()[-1] == ("mean", "fp32")
-    assert selftest_plan(exp, 16).lines()[0].startswith("self-test plan, at most")
+    assert plan.step("check").units == len(public) * (len(DTYPES) + 1) and selftest_checks()[-1] == ("mean", "fp32")
+    assert plan.step("profile").units == len(exp.variants)
+    assert plan.lines()[0].startswith("self-test plan: about")
+    small = selftest_plan(exp, 16, budget_s=plan.step("check").seconds + plan.step("report").seconds + 1)
+    assert [st.name for st in small.steps if st.fits] == ["check", "report"]
+    cut = small.step("bench")
+    assert "would take about" in cut.why and any("CUT: would take" in line for line in small.lines())
 
 
 @pytest.mark.slow
@@ -122,3 +125,32 @@ def test_the_paper_claims_check_is_kept_and_a_damaged_entry_is_computed_again(tm
     (tmp_path / "calibration").mkdir()
     (tmp_path / "calibration" / "a100-80gb.json").write_text("{}")   # a stored calibration changes the answer
     assert pipeline._claims_key(code) != key
+
+
+@pytest.mark.slow
+def test_the_selftest_runs_what_its_budget_holds_and_records_what_it_cut(tmp_path, monkeypatch):
+    """Rehearsed on the CPU emulation: a budget that holds the bench and the report but not the
+    device check, the profile or the DLRM step runs those two, records every step's outcome,
+    estimate and time in selftest.json (the cuts with why), and archives the run beside it."""
+    import json
+    import os
+
+    from characterize.pipeline import load_experiment, selftest_gpu, selftest_plan
+    from tests.conftest import write_experiment
+
+    exp_path = write_experiment(tmp_path, variants=("base", "warp"), datasets=("medium",))
+    plan = selftest_plan(load_experiment(str(exp_path)), os.cpu_count() or 1)
+    budget = plan.step("bench").seconds + plan.step("report").seconds + 1
+    assert plan.step("check").seconds > budget   # the test's premise: the check is cut
+    lines: list[str] = []
+    out = selftest_gpu(tmp_path / "run", experiment=str(exp_path), backend="emulate", budget_s=budget,
+                       progress=lines.append)
+    record = json.loads((tmp_path / "run" / "selftest.json").read_text())
+    status = {k: v["status"] for k, v in record["steps"].items()}
+    assert status == {"check": "cut", "bench": "done", "profile": "cut", "e2e": "cut", "report": "done"}, record
+    assert "would take about" in record["steps"]["check"]["note"]
+    assert record["steps"]["bench"]["planned_s"] == round(plan.step("bench").seconds, 1)
+    assert lines[0].startswith("self-test plan: about") and any("CUT:" in line for line in lines[:6])
+    assert out.archive == tmp_path / "run.tar.gz" and out.archive.stat().st_size > 0
+    assert (tmp_path / "run" / "report.html").is_file() and not out.checks
+    assert any(p.startswith("check: cut") for p in out.problems)

@@ -216,12 +216,15 @@ def profile(experiment: str, variants: str | None, datasets: str | None, out: Pa
 @click.option("--ncu", "ncu_path", default=None, help="path to the ncu executable (profiling on a GPU)")
 @click.option("--backend", type=click.Choice(["cuda", "emulate"]), default="cuda", show_default=True,
               help="emulate also times the CPU emulation without a GPU: checks the harness, not GPU performance")
+@click.option("--budget", type=click.FloatRange(min=1), default=None,
+              help="seconds from the start after which bench and profile stop; what they did not measure is cut "
+                   "and left for --resume (the report still runs)")
 @executor_options
 @trace_options
 @wide_option
 def run_cmd(experiment: str, out: Path | None, resume: bool, remeasure: bool, ncu_path: str | None, backend: str,
-            executor: str, slurm_partition: str | None, slurm_gpus_per_task: int | None, slurm_time: int | None,
-            trace: Path | None, **wl: Any) -> None:
+            budget: float | None, executor: str, slurm_partition: str | None, slurm_gpus_per_task: int | None,
+            slurm_time: int | None, trace: Path | None, **wl: Any) -> None:
     """The main job: build, characterize, measure (with a GPU) and summarize an experiment
     (a shipped experiment name, e.g. paper or quick, or a TOML file), or the experiment on
     your own trace (--trace FILE). Ends with the answer: the best variant per dataset and
@@ -243,7 +246,7 @@ def run_cmd(experiment: str, out: Path | None, resume: bool, remeasure: bool, nc
                 reporter.message(f"predicted answer ({time.perf_counter() - start:.0f} s): {a.summary()}")
 
         outcome = run_experiment(exp, out, resume=resume, progress=reporter, ncu=ncu_path, backend=backend,
-                                 executor=executor, remeasure=remeasure, after_step=early_answer)
+                                 executor=executor, remeasure=remeasure, after_step=early_answer, budget_s=budget)
     r = load_run(outcome.path)
     if not r.static.empty:
         echo("\nstatic characterization (lookup kernels as configured):")
@@ -267,6 +270,12 @@ def run_cmd(experiment: str, out: Path | None, resume: bool, remeasure: bool, nc
         echo(f"report: {outcome.report}")
     echo_err(f"finished in {time.perf_counter() - start:.1f} s")
     failed = {k: v.removeprefix("failed: ").splitlines()[0] for k, v in outcome.steps.items() if v.startswith("failed")}
+    cut = [k for k, v in outcome.steps.items() if v.startswith("cut")]
+    if cut and not failed:
+        from characterize.errors import OutOfTime
+
+        raise OutOfTime(f"the time budget ran out: {', '.join(cut)} cut; everything measured is in {outcome.path}, "
+                        "and --resume continues")
     if failed:
         from characterize.errors import StepsFailed
 
@@ -279,27 +288,40 @@ def run_cmd(experiment: str, out: Path | None, resume: bool, remeasure: bool, nc
 # ------------------------------------------------------------------ selftest
 @main.command("selftest")
 @click.option("--gpu", "on_gpu", is_flag=True, help="the whole GPU path on this machine's GPU (required)")
+@click.option("--budget", type=click.FloatRange(min=10), default=None,
+              help="seconds the self-test may take: its plan says what fits, in the order of what each step is "
+                   "worth, and what is cut [480]")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="run directory [profiles/<gpu>]")
+              help="run directory [profiles/<gpu>/selftest]; its archive is written beside it")
 @click.option("--ncu", "ncu_path", default=None, help="path to the ncu executable")
-@click.option("--resume", is_flag=True, help="continue an interrupted self-test, keeping finished points")
-def selftest(on_gpu: bool, out: Path | None, ncu_path: str | None, resume: bool) -> None:
-    """The whole GPU path in minutes: every variant checked on the device, then the
-    selftest experiment built, benched, profiled and reported into profiles/<gpu>/ (the
-    reference run to commit)."""
+@click.option("--resume", is_flag=True, help="continue an interrupted self-test: steps done are kept, the rest "
+                                             "runs under a new budget")
+@click.option("--experiment", default="selftest", show_default=True, help="the experiment it measures")
+@click.option("--backend", type=click.Choice(["cuda", "emulate"]), default="cuda", show_default=True,
+              help="emulate rehearses the self-test on the CPU emulation (its times say nothing about a GPU)")
+def selftest(on_gpu: bool, budget: float | None, out: Path | None, ncu_path: str | None, resume: bool,
+             experiment: str, backend: str) -> None:
+    """The whole GPU path within a time budget: its plan first (what fits, what is cut and
+    why), then every variant checked on the device, the experiment benched, every variant
+    profiled, the DLRM step timed and the report, into one run directory with a record of
+    what ran and one archive of it (profiles/<gpu>/selftest, the reference run to commit)."""
     from characterize.errors import StepsFailed
-    from characterize.pipeline import selftest_gpu
+    from characterize.pipeline import SELFTEST_BUDGET_S, selftest_gpu
 
     if not on_gpu:
         raise click.UsageError("the self-test measures on a GPU: pass --gpu (without one, `characterize check` "
                                "and `characterize run quick` test the CPU path)")
     with TerminalReporter() as reporter:
-        result = selftest_gpu(out, ncu=ncu_path, resume=resume, progress=reporter)
+        result = selftest_gpu(out, ncu=ncu_path, resume=resume, progress=reporter,
+                              budget_s=budget or SELFTEST_BUDGET_S, experiment=experiment, backend=backend)
+    echo("steps: " + "; ".join(f"{k}: {v.splitlines()[0]}" for k, v in result.run.steps.items()))
     echo(f"run directory: {result.run.path}")
+    if result.archive is not None:
+        echo(f"archive: {result.archive}")
     if result.run.report:
         echo(f"report: {result.run.report}")
-    echo_err(f"self-test finished in {result.seconds:.0f} s")
+    echo_err(f"self-test finished in {result.seconds:.0f} s (budget {budget or SELFTEST_BUDGET_S:.0f} s)")
     if result.problems:
         raise StepsFailed(f"{len(result.problems)} problem(s): " + "; ".join(result.problems[:8]) +
                           (" ..." if len(result.problems) > 8 else "") + f"; what finished is in {result.run.path}")
-    echo("self-test passed: every variant matched torch on the GPU, and every point was timed and profiled")
+    echo("self-test passed: every variant matched torch on the device, and every step ran within the budget")

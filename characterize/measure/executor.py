@@ -418,6 +418,7 @@ class Placement:
     ncu: str | None = None            # profile: the ncu executable (on the nodes, for slurm)
     timeout_s: float = 900.0          # profile: seconds per point
     where: dict[str, str] | None = None  # slurm: one GPU type's partition/constraint
+    deadline: float | None = None     # local: time.monotonic() at which measuring stops (a budget); the rest is cut
 
     def validate(self) -> "Placement":
         if self.executor not in EXECUTORS:
@@ -443,10 +444,10 @@ def measure_points(run: RunDir, kind: str, exp: ExperimentConfig, points: Sequen
     if placement.executor == "local":
         if kind == "bench":
             return bench_points(run, list(points), placement.backend, progress, timeout_s=exp.bench.timeout_s,
-                                stall_s=exp.bench.stall_s)
+                                stall_s=exp.bench.stall_s, deadline=placement.deadline)
         backend = None if placement.backend in (None, "cuda") else placement.backend
         return profile_points(run, exp, list(points), ProfileSettings(find_ncu(placement.ncu), placement.timeout_s,
-                                                                        backend), progress)
+                                                                        backend, placement.deadline), progress)
     if not points:
         return {"ok": 0, "failed": 0, "ran": []}
     pending = _submit_slurm(run, kind, exp, points, placement, progress)

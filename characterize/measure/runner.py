@@ -128,13 +128,18 @@ POLL_S = 0.25
 STALL_S = 30.0
 
 
+#: why a worker was stopped when the budget's deadline came (its point is left to --resume, not failed)
+OUT_OF_TIME = "the time budget ran out"
+
+
 def _wait_worker(proc: subprocess.Popen, run: RunDir, remaining: list[tuple[str, str]], inflight: Path,
-                 timeout_s: float, heartbeat: Path | None = None,
-                 stall_s: float = STALL_S) -> tuple[int, str | None, str]:
+                 timeout_s: float, heartbeat: Path | None = None, stall_s: float = STALL_S,
+                 deadline: float | None = None) -> tuple[int, str | None, str]:
     """Wait for a bench worker; (exit code, None, ""), or when it went `timeout_s` without
     finishing the point it is on (or, before its first, without starting one), or its
-    heartbeat stopped for `stall_s` (a stopped or frozen process), stop it and return (its
-    exit code, the key of that point or "" when none had started, why it was stopped)."""
+    heartbeat stopped for `stall_s` (a stopped or frozen process), or the `deadline`
+    (time.monotonic) came, stop it and return (its exit code, the key of that point or ""
+    when none had started, why it was stopped)."""
     current, since = None, time.monotonic()
     finished = 0
     while True:
@@ -151,7 +156,9 @@ def _wait_worker(proc: subprocess.Popen, run: RunDir, remaining: list[tuple[str,
             silent = time.time() - heartbeat.stat().st_mtime if heartbeat is not None else 0.0
         except OSError:
             silent = 0.0
-        if silent > stall_s:
+        if deadline is not None and time.monotonic() > deadline:
+            why = OUT_OF_TIME
+        elif silent > stall_s:
             why = (f"the worker stopped: no heartbeat for {silent:.0f} s (a stopped or frozen process), well "
                    f"before the point's {timeout_s:g} s timeout")
         elif time.monotonic() - since > timeout_s:
@@ -172,13 +179,14 @@ def _wait_worker(proc: subprocess.Popen, run: RunDir, remaining: list[tuple[str,
 
 def bench_points(run: RunDir, points: list[tuple[str, str]], backend: str | None = None,
                  progress: Progress = _quiet, max_restarts: int = 20, timeout_s: float = 900.0,
-                 stall_s: float = STALL_S) -> dict[str, int]:
-    """Time `points` in worker processes; returns counts of ok / failed points. A worker
-    that dies costs the point it was on; one that spends `timeout_s` on a point without
-    finishing it, or whose heartbeat stops for `stall_s`, is stopped, the point recorded as
-    failed, and a fresh worker goes on."""
+                 stall_s: float = STALL_S, deadline: float | None = None) -> dict[str, int]:
+    """Time `points` in worker processes; returns counts of ok / failed / cut points. A
+    worker that dies costs the point it was on; one that spends `timeout_s` on a point
+    without finishing it, or whose heartbeat stops for `stall_s`, is stopped, the point
+    recorded as failed, and a fresh worker goes on. At the `deadline` (time.monotonic) the
+    worker is stopped and the points not finished are cut: left for --resume, not failed."""
     remaining = list(points)
-    restarts = 0
+    restarts, why = 0, ""
     inflight = run.path / "points" / "bench" / INFLIGHT
     heartbeat = run.path / "points" / "bench" / HEARTBEAT
     while remaining:
@@ -186,7 +194,7 @@ def bench_points(run: RunDir, points: list[tuple[str, str]], backend: str | None
         heartbeat.unlink(missing_ok=True)
         proc = _start_worker(run, _worker_cmd(run.path, remaining, backend))
         try:
-            code, stuck, why = _wait_worker(proc, run, remaining, inflight, timeout_s, heartbeat, stall_s)
+            code, stuck, why = _wait_worker(proc, run, remaining, inflight, timeout_s, heartbeat, stall_s, deadline)
         except KeyboardInterrupt:  # Ctrl-C, or SIGTERM/SIGHUP turned into it by the CLI
             proc.terminate()  # SIGTERM: the worker unwinds (SIGINT may be ignored in background jobs)
             try:
@@ -201,6 +209,10 @@ def bench_points(run: RunDir, points: list[tuple[str, str]], backend: str | None
                 proc.stdin.close()
         finished = {(v, d) for v, d in remaining if run.point_path("bench", v, d).is_file()}
         remaining = [p for p in remaining if p not in finished]
+        if why == OUT_OF_TIME:
+            run.log(f"bench: {OUT_OF_TIME}; {len(remaining)} point(s) left for --resume")
+            progress(f"bench: {OUT_OF_TIME}; {len(remaining)} point(s) left for --resume")
+            break
         if stuck is not None:
             if not remaining:
                 break
@@ -240,6 +252,9 @@ def bench_points(run: RunDir, points: list[tuple[str, str]], backend: str | None
     pts = load_run(run.path).points("bench")
     keys = {point_key(v, d) for v, d in points}
     ok = sum(p.get("status") == "ok" for p in pts if point_key(p["variant"], p["dataset"]) in keys)
+    if why == OUT_OF_TIME:   # the points not written were cut, not failed
+        failed = sum(p.get("status") == "failed" for p in pts if point_key(p["variant"], p["dataset"]) in keys)
+        return {"ok": ok, "failed": failed, "cut": len(keys) - ok - failed}
     return {"ok": ok, "failed": len(keys) - ok}   # a point not written is not measured either
 
 
@@ -267,6 +282,15 @@ class ProfileSettings:
     ncu: Path
     timeout_s: float = 900.0
     backend: str | None = None  # worker backend; None: cuda when a GPU is visible
+    deadline: float | None = None  # time.monotonic() after which no ncu runs (a budget): the rest is cut
+
+    def timeout(self, points: int = 1) -> float:
+        """Seconds an ncu process for `points` points may take: its timeout, within the deadline."""
+        t = self.timeout_s * max(1, points)
+        return t if self.deadline is None else max(1.0, min(t, self.deadline - time.monotonic()))
+
+    def out_of_time(self) -> bool:
+        return self.deadline is not None and time.monotonic() >= self.deadline
 
 
 def ncu_options(exp: ExperimentConfig, sm: int | None, fallback: bool = False):
@@ -299,7 +323,7 @@ def _collect_cache(argv: list[str], run: RunDir, name: str, settings: ProfileSet
     for mode in (CACHE_SINGLE_PASS_MODE, CACHE_REPLAY_MODE):
         cmd = cache_argv(argv, export, replay_mode="kernel" if mode == CACHE_SINGLE_PASS_MODE else CACHE_REPLAY_MODE)
         try:
-            proc = run_ncu(cmd, log, timeout=settings.timeout_s * max(1, argv.count("--point")))
+            proc = run_ncu(cmd, log, timeout=settings.timeout(argv.count("--point")))
         except NcuPermissionError:
             raise
         except CharacterizeError as e:
@@ -382,11 +406,14 @@ def _profile_together(run: RunDir, exp: ExperimentConfig, points: list[tuple[str
     argv = build_argv(settings.ncu, ncu_options(exp, sm), export, _target(run, points, settings))
     start = time.perf_counter()
     try:
-        run_ncu(argv, log, timeout=settings.timeout_s * len(points), echo=_Follow(points, progress, done, total))
+        run_ncu(argv, log, timeout=settings.timeout(len(points)), echo=_Follow(points, progress, done, total))
         kernels = read_report(export, run=run.path.name)
     except NcuPermissionError:
         raise
     except CharacterizeError as e:
+        if settings.out_of_time():
+            run.log(f"profile: {OUT_OF_TIME} during the shared ncu process; its points are left for --resume")
+            return {}
         run.log(f"profile: one process for {len(points)} points did not work ({str(e).splitlines()[0]}); "
                 "profiling them one by one")
         return {}
@@ -500,7 +527,7 @@ def _run_point(run: RunDir, exp: ExperimentConfig, v: str, d: str, settings: Pro
                version: str, key: str, export: Path, target: list[str], argv: list[str], start: float) -> int:
     scoping, extra = "nvtx", {}
     try:
-        run_ncu(argv, run.path / "ncu" / f"{key}.log", timeout=settings.timeout_s)
+        run_ncu(argv, run.path / "ncu" / f"{key}.log", timeout=settings.timeout())
     except NcuError as e:
         if getattr(e, "reason", "") != "no_kernels":
             raise
@@ -513,7 +540,7 @@ def _run_point(run: RunDir, exp: ExperimentConfig, v: str, d: str, settings: Pro
         argv[i_k:i_k] = ["--launch-skip", str(skip), "--launch-count", str(count)]
         scoping, extra = "launch-skip", {"launch_skip": skip, "launch_count": count}
         try:
-            run_ncu(argv, run.path / "ncu" / f"{key}.log", timeout=settings.timeout_s)
+            run_ncu(argv, run.path / "ncu" / f"{key}.log", timeout=settings.timeout())
         except CharacterizeError as again:
             again.argv = argv  # type: ignore[attr-defined]
             raise
@@ -560,6 +587,9 @@ def profile_points(run: RunDir, exp: ExperimentConfig, points: list[tuple[str, s
     for v, d in points:
         if (v, d) in shared:
             continue
+        if settings.out_of_time():
+            counts["cut"] = counts.get("cut", 0) + 1
+            continue
         done += 1
         key = point_key(v, d)
         start = time.perf_counter()
@@ -582,6 +612,9 @@ def profile_points(run: RunDir, exp: ExperimentConfig, points: list[tuple[str, s
         msg = f"[{done}/{len(points)}] {v} {d}: {n} kernel(s) profiled in {time.perf_counter() - start:.0f} s"
         run.log(f"profile {msg}")
         progress(msg)
+    if counts.get("cut"):
+        run.log(f"profile: {OUT_OF_TIME}; {counts['cut']} point(s) left for --resume")
+        progress(f"profile: {OUT_OF_TIME}; {counts['cut']} point(s) left for --resume")
     return counts
 
 
