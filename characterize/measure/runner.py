@@ -345,6 +345,11 @@ def _target(run: RunDir, points: Sequence[tuple[str, str]], settings: ProfileSet
     return cmd + (["--backend", settings.backend] if settings.backend else [])
 
 
+def _ncu_said(e: CharacterizeError) -> str:
+    """ncu's own error lines in a failure, without the paths that differ per point."""
+    return "\n".join(ln for ln in getattr(e, "output", "").splitlines() if ln.lstrip().startswith("==ERROR=="))
+
+
 def _worker_said(e: CharacterizeError, log: Path) -> CharacterizeError:
     """The worker's own one-line reason (a failed correctness check, a bad trace) says more than ncu's."""
     said = [ln[len("error: "):] for ln in getattr(e, "output", "").splitlines() if ln.startswith("error: ")]
@@ -584,8 +589,15 @@ def profile_points(run: RunDir, exp: ExperimentConfig, points: list[tuple[str, s
         if shared:
             progress(f"profile: {len(shared)} point(s) in one ncu process, {time.perf_counter() - start:.0f} s "
                      f"(estimated {estimate.seconds:.0f} s)")
+    repeated, last_said, stop = 0, "", ""
     for v, d in points:
         if (v, d) in shared:
+            continue
+        if stop:
+            counts["failed"] += 1
+            done += 1
+            run.write_point("profile", v, d, {"status": "failed", "error": f"not profiled: ncu failed the same way "
+                                                                         f"for the points before ({stop})"})
             continue
         if settings.out_of_time():
             counts["cut"] = counts.get("cut", 0) + 1
@@ -602,11 +614,17 @@ def profile_points(run: RunDir, exp: ExperimentConfig, points: list[tuple[str, s
         except CharacterizeError as e:
             counts["failed"] += 1
             argv = getattr(e, "argv", None)   # the worker's own line replaces the error, not the command
+            reason, said = getattr(e, "reason", ""), _ncu_said(e)
             e = _worker_said(e, run.path / "ncu" / (key + ".log"))
             run.write_point("profile", v, d, {"status": "failed", "error": str(e),
                                               **({"argv": argv} if argv is not None else {})})
             run.log(f"profile {v} {d}: failed: {e}")
             progress(f"[{done}/{len(points)}] {v} {d}: FAILED: {str(e).splitlines()[0]}")
+            if reason == "ncu_failed" and said:
+                repeated = repeated + 1 if said == last_said else 1
+                last_said = said
+                if repeated >= 2:   # ncu itself refuses the collection (a metric, an option): no point goes
+                    stop = str(e)
             continue
         counts["ok"] += 1
         msg = f"[{done}/{len(points)}] {v} {d}: {n} kernel(s) profiled in {time.perf_counter() - start:.0f} s"

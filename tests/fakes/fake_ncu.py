@@ -5,7 +5,7 @@ It parses the command line the way ncu does (options, then the target program),
 appends it to $FAKE_NCU_LOG, runs the target on the CPU backend, checks that the
 target pushed the NVTX range the --nvtx-include filter selects, and writes a real
 .ncu-rep (a copy of $FAKE_NCU_REPORT, a report recorded on a real GPU) to --export.
-$FAKE_NCU_MODE selects a failure: perm (ERR_NVGPUCTRPERM), nokernels, crash, hang.
+$FAKE_NCU_MODE selects a failure: perm (ERR_NVGPUCTRPERM), badmetric, nokernels, crash, hang.
 Real ncu output lines are reproduced so the caller's log parsing is exercised.
 """
 
@@ -41,6 +41,9 @@ def main(argv: list[str]) -> int:
     with open(os.environ["FAKE_NCU_LOG"], "a") as f:
         f.write(json.dumps(argv) + "\n")
     mode = os.environ.get("FAKE_NCU_MODE", "ok")
+    if mode == "badmetric":
+        print("==ERROR== Failed to find metric sm__no_such_counter.sum")
+        return 1
     if mode == "perm":
         print("==ERROR== ERR_NVGPUCTRPERM - The user does not have permission to access NVIDIA GPU Performance "
               "Counters on the target device 0. For instructions on enabling permissions and to get more "

@@ -411,3 +411,17 @@ def test_a_point_file_that_is_not_a_point_is_measured_again_naming_it(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "bench base random:" in r.stderr and "base__random.json" in r.stderr and "measured again" in r.stderr
     assert "1 point(s) to time" in r.stderr and load_run(out).points("bench")[0]["status"] == "ok"
+
+
+@pytest.mark.slow
+def test_when_ncu_refuses_the_collection_the_same_way_twice_the_rest_is_not_tried(tmp_path, fake_ncu, monkeypatch):
+    """ncu failing with the same error for two points (a metric the GPU lacks, an option it
+    refuses) fails the points left without starting ncu for each."""
+    ncu, log = fake_ncu
+    monkeypatch.setenv("FAKE_NCU_MODE", "badmetric")
+    r = CliRunner().invoke(main, ["profile", str(experiment(tmp_path)), "--ncu", str(ncu), "--out",
+                                  str(tmp_path / "run"), "--variants", "base,warp,rpf"])
+    assert r.exit_code == 13, r.output
+    assert len(calls(log)) == 1 + 2   # the shared process, then two points alone
+    failures = load_run(tmp_path / "run").failures
+    assert len(failures) == 6 and failures["error"].str.contains("Failed to find metric").all()
