@@ -11,5 +11,6 @@ setup(
                   "characterize.report": ["templates/*"], "characterize": ["experiments/*.toml"],
                   # the peers' kernel facts, and the corpus of public measurements with the model's error on it
                   "characterize.kernels": ["peers.csv"],
-                  "characterize.analysis.model": ["measurements.csv", "validation.csv", "model_error.json"]},
+                  "characterize.analysis.model": ["measurements.csv", "measured_here.csv", "validation.csv",
+                                                  "validation_here.csv", "model_error.json"]},
 )

@@ -157,9 +157,9 @@ def compare_to_measured(pred: pd.DataFrame, run: Any) -> pd.DataFrame:
     if mine.empty:
         raise ConfigError(f"the predictions hold no rows for the run's GPU ({gpu}); predict for it first")
     on = ["variant", "dataset"] + (["mode"] if "mode" in mine.columns else [])
-    cols = on + ["time_us", "l2_hit_rate_all_pct", "constants"]
+    cols = on + ["time_per_table_us", "l2_hit_rate_pct", "constants"]   # per table, as bench measures
     df = times.merge(mine[[c for c in cols if c in mine.columns]], on=on, how="inner")
-    df = df.rename(columns={"time_us": "predicted_us", "l2_hit_rate_all_pct": "predicted_l2_hit_rate_pct"})
+    df = df.rename(columns={"time_per_table_us": "predicted_us", "l2_hit_rate_pct": "predicted_l2_hit_rate_pct"})
     df["abs_error_us"] = (df["predicted_us"] - df["measured_us"]).abs()
     df["rel_error"] = df["predicted_us"] / df["measured_us"] - 1
     df = df.merge(hits, on=["variant", "dataset"], how="left")
@@ -196,6 +196,18 @@ def least_squares(residuals: Callable[[np.ndarray], np.ndarray], x0: np.ndarray,
         if not improved:
             break
     return x
+
+
+def _ran_with(run: Any, exp: ExperimentConfig) -> dict[str, dict[str, Any]]:
+    """The parameters the run's points ran with, per variant: the experiment's, and tbe's work
+    order as its points recorded it (every table at once where they record none: the order
+    before phases existed)."""
+    params = {v: dict(p) for v, p in exp.params.items()}
+    for pt in run.points("bench"):
+        if pt.get("variant") == "tbe" and pt.get("status") == "ok":
+            phases = [n for launch in (pt.get("launch") or {}).values() for n in (launch.get("phases") or [])]
+            params.setdefault("tbe", {}).setdefault("tables_in_flight", phases[0] if phases else exp.workload.T)
+    return params
 
 
 def fit_run(run: Any, gpu: str | None = None, *, static: Any = None, sass: Any = None,
@@ -235,11 +247,14 @@ def fit_run(run: Any, gpu: str | None = None, *, static: Any = None, sass: Any =
                               "(`characterize calibrate` disassembles the builds)")
     profiles: dict[str, TraceProfile] = {}
     index: dict[tuple[str, str, str], _Point] = {}
+    params = _ran_with(run, exp)
     for mode, sub in times.groupby("mode"):
         pts = _prepare(exp.workload, sorted(sub["dataset"].unique()), sorted(sub["variant"].unique()), [spec],
-                       exp.params, static, sass, 1, mode, profiles, progress)
+                       params, static, sass, 1, mode, profiles, progress)
         index.update({(p.variant, p.dataset, mode): p for p in pts})
-    timed = [(index[(r.variant, r.dataset, r.mode)], r.measured_us) for r in times.itertuples()]
+    # bench measures per table; a batched variant's launch covers every table
+    timed = [(p, r.measured_us * p.tables_per_launch) for r in times.itertuples()
+             for p in [index[(r.variant, r.dataset, r.mode)]]]
     steady = {(p.variant, p.dataset): p for (v, d, m), p in index.items() if m == "steady"}
     hit_pts = [(steady[(r.variant, r.dataset)], r.measured_l2_hit_rate_pct) for r in hits.itertuples()
                if (r.variant, r.dataset) in steady]
@@ -257,7 +272,7 @@ def fit_run(run: Any, gpu: str | None = None, *, static: Any = None, sass: Any =
     def residuals(x: np.ndarray) -> np.ndarray:
         c = constants_at(x)
         r = [math.log(_evaluate(p, c)["time_us"] / m) for p, m in timed]
-        r += [hit_weight * (_evaluate(p, c)["l2_hit_rate_all_pct"] - m) / 100 for p, m in hit_pts]
+        r += [hit_weight * (_evaluate(p, c)["l2_hit_rate_pct"] - m) / 100 for p, m in hit_pts]
         values = lo + (hi - lo) * _sigmoid(x)
         r += list(prior_weight * np.log(values / base_values))
         return np.asarray(r)

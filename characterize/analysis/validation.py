@@ -26,13 +26,18 @@ from characterize.analysis.calibrate import least_squares
 from characterize.analysis.model.constants import BAND, BOUNDS, ModelConstants
 from characterize.analysis.model.equations import _evaluate
 from characterize.analysis.model.scores import coverage, gmae, mape
-from characterize.analysis.model.validation_error import ModelError
+from characterize.analysis.model.validation_error import REGIMES, ModelError, regime_of
 from characterize.config import Pooling, WorkloadConfig
 from characterize.errors import ConfigError
 
 MEASUREMENTS = Path(__file__).resolve().parent / "model" / "measurements.csv"
+#: our own measured runs (profiles/<gpu>/...), as corpus rows with their provenance: `validate
+#: --add-run RUN_DIR` appends a run's bench points; scored beside the public corpus, apart from it
+MEASURED_HERE = Path(__file__).resolve().parent / "model" / "measured_here.csv"
 #: per-row results of the last `characterize validate --write`, beside model_error.json
 VALIDATION_CSV = Path(__file__).resolve().parent / "model" / "validation.csv"
+#: the same for our own runs' points (held out by dataset and by shape, with their regime)
+VALIDATION_HERE_CSV = Path(__file__).resolve().parent / "model" / "validation_here.csv"
 #: the constants cross-validation refits on the other sources, as one multiplier each over
 #: every GPU's value, kept inside the constant's published range (BAND)
 CV_CONSTANTS = ("dram_latency_ns", "l2_latency_ns", "hbm_efficiency", "write_efficiency", "launch_overhead_us")
@@ -56,13 +61,66 @@ class Measurement:
     measured_us: float
     assumptions: str
     proxy: bool = False
+    origin: str = "public"     # public: a published measurement; here: one of our own runs (profiles/<gpu>)
 
 
-def load_measurements(path: Path = MEASUREMENTS) -> pd.DataFrame:
-    """The whole corpus as stored (every column; `expressible` yes or no)."""
+def load_measurements(path: Path = MEASUREMENTS, here: Path | None = MEASURED_HERE) -> pd.DataFrame:
+    """The whole corpus as stored (every column; `expressible` yes or no), the public rows
+    (origin "public") and, where `here` exists, our own measured runs (origin "here")."""
     if not path.is_file():
         raise ConfigError(f"{path}: the corpus of public measurements is missing")
-    return pd.read_csv(path, dtype=str, keep_default_na=False)
+    public = pd.read_csv(path, dtype=str, keep_default_na=False).assign(origin="public")
+    if here is None or not here.is_file():
+        return public
+    ours = pd.read_csv(here, dtype=str, keep_default_na=False).assign(origin="here")
+    return pd.concat([public, ours], ignore_index=True)
+
+
+#: the corpus columns, in order (measurements.csv's header)
+CORPUS_COLUMNS = ("id", "source", "citation", "url", "gpu", "gpu_key", "kernel", "kernel_version", "variant", "params",
+                  "set_aside", "T", "E", "D", "B", "L", "dtype", "pooling", "distribution", "dataset", "mode",
+                  "tables_per_launch", "measured_us", "time_scope", "timing_method", "expressible", "why_not",
+                  "assumptions", "notes")
+
+
+def run_corpus_rows(run: object, source: str, citation: str) -> list[dict[str, str]]:
+    """A measured run's bench points (finished, on a GPU) as corpus rows, one per point and
+    mode: the time of one launch (a batched variant's covers every table), the point's own
+    parameters (tbe's work order as its launch recorded it), the run's workload and GPU.
+    `run` is a store.Run; `source` names it in the corpus, `citation` says where it is kept."""
+    from characterize.config import ExperimentConfig
+    from characterize.kernels.registry import get_variant
+
+    meta = run.meta   # type: ignore[attr-defined]
+    exp = ExperimentConfig.from_dict(meta["experiment"])
+    wl, gpu = exp.workload, meta.get("gpu") or {}
+    revision = (meta.get("environment") or {}).get("git_revision", "")
+    rows = []
+    for pt in run.points("bench"):   # type: ignore[attr-defined]
+        if pt.get("status") != "ok" or pt.get("backend") != "cuda":
+            continue
+        v = get_variant(pt["variant"])
+        tpl = wl.T if v.batched else 1
+        params = {k: val for k, val in (pt.get("params") or {}).items() if isinstance(val, int)}
+        if v.name == "tbe":   # the work order it ran: its phases, or every table at once (before phases existed)
+            phases = [p for launch in (pt.get("launch") or {}).values() for p in (launch.get("phases") or [])]
+            params["tables_in_flight"] = int(phases[0]) if phases else tpl
+        for s in pt.get("summary", []):
+            rows.append({
+                "id": f"{source}:{pt['variant']}:{pt['dataset']}:{s['mode']}", "source": source,
+                "citation": citation, "url": "", "gpu": gpu.get("name", ""), "gpu_key": gpu.get("key", ""),
+                "kernel": v.description.split(":")[0], "kernel_version": f"characterize {revision}",
+                "variant": pt["variant"], "params": ";".join(f"{k}={val}" for k, val in sorted(params.items())),
+                "set_aside": str(exp.bench.l2_set_aside).lower(), "T": str(wl.T), "E": str(wl.E), "D": str(wl.D),
+                "B": str(wl.B), "L": str(wl.L), "dtype": wl.dtype, "pooling": wl.mode,
+                "distribution": f"preset {pt['dataset']} (workloads.presets), seed {wl.seed}",
+                "dataset": pt["dataset"], "mode": s["mode"], "tables_per_launch": str(tpl),
+                "measured_us": f"{s['per_table_us'] * tpl:.4f}",
+                "time_scope": "one kernel launch (a batched variant's covers every table)",
+                "timing_method": "CUDA events around each batch behind a delay kernel (bench), mean over repetitions",
+                "expressible": "yes", "why_not": "", "assumptions": "",
+                "notes": f"95% CI +-{s.get('ci95_us', float('nan')) * tpl:.3g} us over {s.get('reps')} repetitions"})
+    return rows
 
 
 def _params(text: str) -> dict:
@@ -85,7 +143,7 @@ def expressible(df: pd.DataFrame, kinds: Sequence[str] = ("yes", "proxy")) -> li
         params = {r.variant: _params(r.params)} if r.params else {}
         out.append(Measurement(r.id, r.source, r.gpu_key, r.variant, wl, r.dataset, r.mode, params,
                                r.set_aside.lower() != "false", float(r.measured_us), r.assumptions,
-                               r.expressible == "proxy"))
+                               r.expressible == "proxy", getattr(r, "origin", "public")))
     return out
 
 
@@ -100,12 +158,13 @@ def summarize(scored: pd.DataFrame, low: str = "time_us_low", high: str = "time_
     return pd.DataFrame(rows)
 
 
-def _apply(base: Mapping[str, ModelConstants], scale: Sequence[float]) -> dict[str, ModelConstants]:
-    """Every GPU's constants with the CV_CONSTANTS multiplied by `scale`, clamped to BOUNDS."""
+def _apply(base: Mapping[str, ModelConstants], scale: Sequence[float],
+           names: Sequence[str] = CV_CONSTANTS) -> dict[str, ModelConstants]:
+    """Every GPU's constants with `names` multiplied by `scale`, clamped to BOUNDS."""
     out = {}
     for key, c in base.items():
         changes = {}
-        for name, m in zip(CV_CONSTANTS, scale):
+        for name, m in zip(names, scale):
             lo, hi = BOUNDS[name]
             changes[name] = min(max(getattr(c, name) * m, lo), hi)
         out[key] = c.replace(**changes)
@@ -113,11 +172,11 @@ def _apply(base: Mapping[str, ModelConstants], scale: Sequence[float]) -> dict[s
 
 
 def fit_scale(predict_rows: Callable[[Mapping[str, ModelConstants]], np.ndarray], measured: np.ndarray,
-              base: Mapping[str, ModelConstants]) -> np.ndarray:
-    """Multipliers of CV_CONSTANTS minimizing the squared log error of `predict_rows`,
-    each kept inside its constant's published range (BAND)."""
-    lo = np.array([BAND.get(n, (0.8, 1.25))[0] for n in CV_CONSTANTS])
-    hi = np.array([BAND.get(n, (0.8, 1.25))[1] for n in CV_CONSTANTS])
+              base: Mapping[str, ModelConstants], names: Sequence[str] = CV_CONSTANTS) -> np.ndarray:
+    """Multipliers of `names` (CV_CONSTANTS) minimizing the squared log error of
+    `predict_rows`, each kept inside its constant's published range (BAND)."""
+    lo = np.array([BAND.get(n, (0.8, 1.25))[0] for n in names])
+    hi = np.array([BAND.get(n, (0.8, 1.25))[1] for n in names])
 
     def scale(z: np.ndarray) -> np.ndarray:   # any real z maps inside the band; z = 0 near 1
         return lo + (hi - lo) / (1 + np.exp(-z))
@@ -125,7 +184,7 @@ def fit_scale(predict_rows: Callable[[Mapping[str, ModelConstants]], np.ndarray]
     z0 = -np.log((hi - lo) / (1.0 - lo) - 1)   # scale(z0) == 1
 
     def residuals(z: np.ndarray) -> np.ndarray:
-        pred = predict_rows(_apply(base, scale(z)))
+        pred = predict_rows(_apply(base, scale(z), names))
         r = np.log(np.where(pred > 0, pred, 1e-9) / measured)
         return np.concatenate([r, 0.05 * (z - z0)])   # a weak pull to the published values
 
@@ -219,6 +278,7 @@ class Validation:
     left_out: pd.DataFrame      # the corpus rows the model cannot express, with why
     error: ModelError
     folds: dict[str, list]      # each held-out source's fitted multipliers of CV_CONSTANTS
+    here: "HereValidation | None" = None   # our own measured runs (measured_here.csv), scored apart
 
 
 def validate_points(measurements: Sequence[Measurement], points: Sequence[object], consts: Mapping[str, ModelConstants]
@@ -256,3 +316,137 @@ def validate_points(measurements: Sequence[Measurement], points: Sequence[object
     proxies = summarize(cv[~own], "band_low_us", "band_high_us") if (~own).any() else pd.DataFrame()
     plain = summarize(rows[own].assign(band_low_us=lo[own], band_high_us=hi[own]), "band_low_us", "band_high_us")
     return Validation(rows, summary, proxies, plain, pd.DataFrame(), model_error_of(cv[own]), folds)
+
+
+def add_run(run: object, source: str | None = None, citation: str | None = None,
+            path: Path = MEASURED_HERE) -> tuple[str, int]:
+    """Append a measured run's bench points to our corpus (`path`), replacing the rows of the
+    same source: (the source's name, rows written). `run` is a store.Run."""
+    meta = run.meta   # type: ignore[attr-defined]
+    gpu = (meta.get("gpu") or {}).get("key") or ""
+    if not gpu:
+        raise ConfigError(f"{run.path}: the run records no GPU; only a run measured on a GPU can join the corpus")  # type: ignore[attr-defined]
+    source = source or f"{gpu}-{run.name}"   # type: ignore[attr-defined]
+    rows = run_corpus_rows(run, source, citation or f"{run.path} (a run measured by characterize)")  # type: ignore[attr-defined]
+    if not rows:
+        raise ConfigError(f"{run.path}: no finished bench point measured on a GPU")   # type: ignore[attr-defined]
+    kept = pd.read_csv(path, dtype=str, keep_default_na=False) if path.is_file() else pd.DataFrame(
+        columns=list(CORPUS_COLUMNS))
+    kept = kept[kept["source"] != source]
+    out = pd.concat([kept, pd.DataFrame(rows)], ignore_index=True).reindex(columns=list(CORPUS_COLUMNS))
+    out.to_csv(path, index=False)
+    return source, len(rows)
+
+
+# ------------------------------------------------------- our own measured runs
+#: the constants each fold refits on the rows it trains on (as CV_CONSTANTS), our rows being many
+HERE_CV_CONSTANTS = (*CV_CONSTANTS, "issue_ipc", "l1_efficiency", "l2_capacity_factor")
+#: the quantiles of a regime's held-out residuals its band spans (asymmetric: the 5th to 95th percentile)
+REGIME_BAND = (0.05, 0.95)
+
+
+def regime_band(log_residuals: np.ndarray) -> tuple[float, float]:
+    """(low, high) multipliers of a prediction from held-out log(measured / predicted): the
+    REGIME_BAND quantiles (asymmetric, so a bias the regime has stays in its band)."""
+    r = np.asarray(log_residuals, dtype=float)
+    r = r[np.isfinite(r)]
+    if r.size == 0:
+        return 1.0, 1.0
+    lo, hi = np.quantile(r, REGIME_BAND)
+    return float(math.exp(min(lo, 0.0))), float(math.exp(max(hi, 0.0)))
+
+
+@dataclasses.dataclass
+class HereValidation:
+    """Our own measured runs scored: held out by dataset and by shape (run), with bands from
+    the held-out residuals of the same regime in the other folds."""
+
+    rows: pd.DataFrame        # id, source, variant, dataset, mode, regime, measured_us, predicted_us,
+                              # cv_dataset_us, cv_shape_us, band_low_us, band_high_us (the dataset fold's)
+    by: dict[str, pd.DataFrame]   # "source", "regime", "variant": n, gmae, mape, inside_band (dataset fold)
+    shapes: pd.DataFrame      # leave-one-shape-out: per held-out run n, gmae, mape
+    best: pd.DataFrame        # per (source, dataset, mode): measured best, predicted best, right
+    bands: dict[str, tuple[float, float, int]]   # regime -> (low, high, n) from every held-out residual
+
+
+def _fold_cv(keys: Sequence[str], predict_rows: Callable[[Mapping[str, ModelConstants], Sequence[int]], np.ndarray],
+             measured: np.ndarray, base: Mapping[str, ModelConstants], names: Sequence[str]) -> np.ndarray:
+    """Each fold's rows predicted with `names` refitted (as multipliers in their BAND) on
+    the other folds' rows."""
+    k = np.asarray(keys)
+    held = np.full(len(k), np.nan)
+    for key in dict.fromkeys(keys):
+        train, test = np.flatnonzero(k != key), np.flatnonzero(k == key)
+        if len(train) == 0:
+            held[test] = predict_rows(base, test)
+            continue
+        x = fit_scale(lambda c: predict_rows(c, train), measured[train], base, names)
+        held[test] = predict_rows(_apply(base, x, names), test)
+    return held
+
+
+def validate_here(measurements: Sequence[Measurement], points: Sequence[object],
+                  consts: Mapping[str, ModelConstants]) -> HereValidation:
+    """Our rows (origin "here") scored under leave-one-dataset-out (every run's rows of one
+    dataset held out together) and leave-one-shape-out (one run held out) cross-validation
+    of HERE_CV_CONSTANTS; each row's band from the same regime's held-out residuals in the
+    other datasets' folds, so a row's own error never sets its band."""
+    measured = np.array([m.measured_us for m in measurements])
+    outs = [_evaluate(p, consts[p.gpu.key]) for p in points]
+
+    def predict_rows(c: Mapping[str, ModelConstants], idx: Sequence[int] | None = None) -> np.ndarray:
+        idx = range(len(points)) if idx is None else idx
+        return np.array([_evaluate(points[i], c[points[i].gpu.key])["time_us"] for i in idx])
+
+    default = np.array([o["time_us"] for o in outs])
+    datasets = [m.dataset for m in measurements]
+    sources = [m.source for m in measurements]
+    by_dataset = _fold_cv(datasets, predict_rows, measured, consts, HERE_CV_CONSTANTS)
+    by_shape = _fold_cv(sources, predict_rows, measured, consts, HERE_CV_CONSTANTS)
+    regimes = [regime_of(p.host, p.lookups / max(p.bags, 1), o["bound"]) for p, o in zip(points, outs)]
+    resid = np.log(measured / by_dataset)
+    lo, hi = np.empty(len(points)), np.empty(len(points))
+    reg, ds = np.asarray(regimes), np.asarray(datasets)
+    for i in range(len(points)):
+        other = (reg == reg[i]) & (ds != ds[i])
+        if other.sum() < 5:
+            other = ds != ds[i]
+        a, b = regime_band(resid[other])
+        lo[i], hi[i] = by_dataset[i] * a, by_dataset[i] * b
+    rows = pd.DataFrame({
+        "id": [m.id for m in measurements], "source": sources, "gpu": [m.gpu for m in measurements],
+        "variant": [m.variant for m in measurements], "dataset": datasets, "mode": [m.mode for m in measurements],
+        "regime": regimes, "tables_per_launch": [p.tables_per_launch for p in points],
+        "measured_us": measured, "predicted_us": default, "cv_dataset_us": by_dataset,
+        "cv_shape_us": by_shape, "band_low_us": lo, "band_high_us": hi})
+    scored = rows.assign(predicted_us=rows["cv_dataset_us"])
+
+    def table(col: str) -> pd.DataFrame:
+        out = []
+        for key, g in [*scored.groupby(col), ("all", scored)]:
+            out.append({col: key, "n": len(g), "gmae": gmae(g["predicted_us"], g["measured_us"]),
+                        "mape": mape(g["predicted_us"], g["measured_us"]),
+                        "inside_band": coverage(g["band_low_us"], g["band_high_us"], g["measured_us"])})
+        return pd.DataFrame(out)
+
+    shapes = pd.DataFrame([{"source": s, "n": len(g), "gmae": gmae(g["cv_shape_us"], g["measured_us"]),
+                            "mape": mape(g["cv_shape_us"], g["measured_us"])}
+                           for s, g in [*rows.groupby("source"), ("all", rows)]])
+    best = []
+    for (s, d, mode), g in scored.groupby(["source", "dataset", "mode"]):
+        g = g.drop_duplicates("variant")   # (one order of tbe per group: the first the run lists)
+        if len(g) < 2:
+            continue
+        per_table = g["measured_us"] / g["tables_per_launch"], g["predicted_us"] / g["tables_per_launch"]
+        m_best = g.loc[per_table[0].idxmin(), "variant"]
+        p_best = g.loc[per_table[1].idxmin(), "variant"]
+        best.append({"source": s, "dataset": d, "mode": mode, "measured_best": m_best, "predicted_best": p_best,
+                     "right": m_best == p_best})
+    bands = {}
+    for r in REGIMES:
+        sel = reg == r
+        if sel.any():
+            a, b = regime_band(resid[sel])
+            bands[r] = (a, b, int(sel.sum()))
+    return HereValidation(rows, {c: table(c) for c in ("source", "regime", "variant")}, shapes,
+                          pd.DataFrame(best), bands)

@@ -164,24 +164,41 @@ def calibrate(run_dir: Path, gpu: str | None, as_json: bool) -> None:
 @click.option("--write", is_flag=True,
               help="store the cross-validated error every prediction then carries (analysis/model/model_error.json) "
                    "and the per-row results (validation.csv)")
+@click.option("--add-run", "add_runs", multiple=True, type=click.Path(file_okay=False, path_type=Path),
+              help="first add a measured run's bench points to our own corpus (measured_here.csv), as a source "
+                   "of its own (repeatable)")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-def validate(write: bool, as_json: bool) -> None:
+def validate(write: bool, add_runs: tuple[Path, ...], as_json: bool) -> None:
     """The model against public measured kernel times (pull requests, benchmark result files,
     a paper's artifact; analysis/model/measurements.csv): each row's error, MAPE and GMAE
     per source and overall, the share inside the band, all under leave-one-source-out
-    cross-validation; the published constants' errors beside them."""
+    cross-validation; the published constants' errors beside them. Then our own GPU runs
+    (measured_here.csv, `--add-run` appends one): per run, regime and variant, each dataset
+    and each run held out, the fastest variant per group, and the bands per regime."""
     from characterize.cli.base import TerminalReporter, echo_err, print_rows
     from characterize.pipeline import validate as run_validate
 
     start = time.perf_counter()
+    for path in add_runs:
+        from characterize.analysis.validation import add_run
+        from characterize.store import load_run
+
+        source, n = add_run(load_run(path))
+        echo_err(f"{path}: {n} point(s) added to our own corpus as source {source}")
     with TerminalReporter(indent="", quiet=as_json) as reporter:
         result = run_validate(write=write, progress=reporter)
+    here = result.here
     if as_json:
         echo(json.dumps({"rows": result.rows.to_dict("records"), "summary": result.summary.to_dict("records"),
                                "proxies": result.proxies.to_dict("records"),
                                "default_summary": result.default_summary.to_dict("records"),
                                "error": result.error.to_dict(), "folds": result.folds,
-                               "left_out": result.left_out.to_dict("records")}, indent=2, default=str))
+                               "left_out": result.left_out.to_dict("records"),
+                               "here": None if here is None else {
+                                   "rows": here.rows.to_dict("records"),
+                                   **{f"by_{k}": v.to_dict("records") for k, v in here.by.items()},
+                                   "shapes": here.shapes.to_dict("records"), "best": here.best.to_dict("records"),
+                                   "bands": here.bands}}, indent=2, default=str))
         return
     echo("each measurement, predicted with the published constants and held out (constants refitted on the "
                "other sources):")
@@ -199,6 +216,23 @@ def validate(write: bool, as_json: bool) -> None:
     echo("\nthe published constants, untouched by the corpus:")
     print_rows(result.default_summary.to_dict("records"), ["source", "n", "mape", "gmae", "inside_band"],
                fractions=["mape", "gmae", "inside_band"])
+    if here is not None:
+        echo("\nour own GPU runs (analysis/model/measured_here.csv), each dataset held out (constants refitted on "
+             "the others; bands from the same regime's held-out errors in the other datasets):")
+        for key in ("source", "regime", "variant"):
+            print_rows(here.by[key].to_dict("records"), [key, "n", "gmae", "mape", "inside_band"],
+                       fractions=["gmae", "mape", "inside_band"])
+            echo("")
+        echo("each run (shape) held out:")
+        print_rows(here.shapes.to_dict("records"), ["source", "n", "gmae", "mape"], fractions=["gmae", "mape"])
+        if not here.best.empty:
+            wrong = here.best[~here.best["right"]]
+            echo(f"\nthe fastest variant per run x dataset x mode: {int(here.best['right'].sum())} of {len(here.best)} "
+                 "predicted right (held out by dataset)" + (":" if len(wrong) else ""))
+            if len(wrong):
+                print_rows(wrong.to_dict("records"), ["source", "dataset", "mode", "measured_best", "predicted_best"])
+        echo("\nbands per regime (multipliers of a prediction, 5th to 95th percentile of held-out errors): " +
+             "; ".join(f"{r} x{a:.2f}-{b:.2f} (n={n})" for r, (a, b, n) in here.bands.items()))
     echo(f"\n{len(result.left_out)} corpus row(s) the model cannot express stay in the file with why "
                "(`--json` lists them); " + result.error.sentence())
     if write:

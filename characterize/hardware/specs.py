@@ -75,7 +75,11 @@ _MODEL_SRC = (
     "back-to-back launch (launch gap plus ramp-up and drain, 2-4 us in CUDA-event timings of small kernels); "
     "pinned-row hit probability 0.9: the CUDA programming guide gives persisting (evict_last) lines priority "
     "within the set-aside only, and set conflicts and the other tables' traffic still evict some; no published "
-    "figure, 0.8-1.0 assumed until calibrated"
+    "figure, 0.8-1.0 assumed until calibrated; reachable issue rate 2.7 warp instructions per cycle per SM (of "
+    "the 4 schedulers' 4): the family's and PyTorch's kernels at the paper's one-row trace on this project's "
+    "H200 (profiles/h200), where issue bounds them, ran 2.5-2.85 (bench time against the SASS instruction "
+    "count, and ncu's sm__inst_issued per active cycle); row gathers reach half the L1's 128 B/clk: tbe at the "
+    "one-row trace, bound by L1, ran at 116 us for 12 tables where 128 B/clk gives 57 (the same run)"
 )
 
 
@@ -111,6 +115,8 @@ class GpuSpec:
     hbm_efficiency: float = 0.85        # achievable fraction of hbm_GBps for row gathers
     launch_overhead_us: float = 3.0     # per back-to-back kernel launch
     pinned_hit_probability: float = 0.9  # a row pinned in the persisting set-aside hits (evict_last is a priority, not a lock)
+    issue_ipc: float = 2.7              # warp instructions an SM issues per cycle in a gather's hot loop (of 4)
+    l1_efficiency: float = 0.5          # share of l1_bytes_per_clk row gathers reach (16-byte vectors of distinct rows)
     model_sources: str = _MODEL_SRC
     # dense peak arithmetic (TFLOP/s, no sparsity) and host link, for the end-to-end model
     fp32_TFLOPS: float = 19.5           # CUDA cores
@@ -278,8 +284,10 @@ _add(dataclasses.replace(GPUS["h100-sxm"], key="h800", name="NVIDIA H800", alias
 _add(GpuSpec("h200", "NVIDIA H200", "sm_90", 132, 60 * MiB, 45 * MiB, 141 * 10**9,
              4800.0, 7500.0, 1980, 1590, 260.0, 470.0,
              _H100_SRC + "; L2 60 MiB as the device reports it (cudaDevAttrL2CacheSize 62,914,560 bytes on the "
-             "H200 of profiles/h200, 2026-11-27; the H100 SXM's is 50 MB); persisting L2 75% of it (assumed)", (),
-             l1_data_bytes=224 * KiB, l1_latency_ns=20.0,
+             "H200 of profiles/h200, 2026-11-27; the H100 SXM's is 50 MB); persisting L2 75% of it (assumed); "
+             "achievable DRAM bandwidth 0.88 of peak: a 2 GiB device-to-device copy moved 4,214 GB/s (read + "
+             "written) on that H200 (profiles/h200/logs/micro.json)", (),
+             l1_data_bytes=224 * KiB, l1_latency_ns=20.0, hbm_efficiency=0.88,
              fp32_TFLOPS=67.0, tf32_TFLOPS=494.7, fp16_TFLOPS=989.4, pcie_GBps=50.0, host_link="PCIe 5.0 x16"))
 
 _H20_SRC = ("NVIDIA publishes no datasheet for the H20; the figures are those reported publicly: 78 SMs (Geekbench 6 "

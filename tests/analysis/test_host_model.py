@@ -96,14 +96,18 @@ def test_uvm_pages_fit_or_thrash():
 
 
 def test_uvm_reads_in_place_over_the_link_by_default():
-    """Zero-copy (migrate=0, as FBGEMM's managed tables run): every row the L2 misses
-    crosses the host link once, 30-70x cheaper than migrating 64 KiB pages for it."""
-    zero = MP.predict(WL, ["low"], ["base", "uvm"], ["sm_80"], static=static(), sass=sass())
-    row = zero[zero["variant"] == "uvm"].iloc[0]
+    """Zero-copy (migrate=0, as FBGEMM's managed tables run): every lookup's row crosses the
+    host link (its sectors), whatever the trace's reuse: on an H200 (profiles/h200/paper-host)
+    medium and random ran at the same 3.0-3.1 ms per table, the link's 52 GB/s; 30-70x
+    cheaper than migrating 64 KiB pages for it."""
+    zero = MP.predict(WL, ["low", "random"], ["base", "uvm"], ["sm_80"], static=static(), sass=sass())
+    uvm = zero[zero["variant"] == "uvm"].set_index("dataset")
+    row = uvm.loc["low"]
     gpu = gpu_spec("sm_80")
     assert row["transfer_us"] == pytest.approx(row["host_bytes"] / gpu.pcie_GBps / 1000)
-    assert row["host_bytes"] < WL.lookups_per_batch * WL.row_bytes * 1.01
-    assert row["time_us"] > zero[zero["variant"] == "base"]["time_us"].iloc[0]
+    assert WL.lookups_per_batch * WL.row_bytes <= row["host_bytes"] <= WL.lookups_per_batch * WL.row_bytes * 1.3
+    assert uvm.loc["low", "time_us"] == pytest.approx(uvm.loc["random", "time_us"], rel=0.02)
+    assert row["time_us"] > zero[(zero["variant"] == "base") & (zero["dataset"] == "low")]["time_us"].iloc[0]
 
 
 def test_host_links_are_in_the_spec_table_with_sources():

@@ -109,21 +109,22 @@ def test_more_resident_warps_or_rows_in_flight_never_slower_when_latency_bound()
     assert busy["bound"] == "issue"   # unless the loops issue too many instructions
 
 
-def test_occupancy_is_a_continuous_gain_not_a_whole_wave_step():
-    """1024 blocks of 8 warps on 132 SMs: 4 to 7 resident blocks per SM all took two whole
-    waves in a wave-counting model (1.00x, or 2.00x at 8). SMs take a new block as one
-    retires, so each resident block more is a gain of its own."""
+def test_occupancy_counts_in_whole_rounds_of_blocks_on_the_busiest_sm():
+    """1024 blocks of 8 warps on 132 SMs: the busiest SM gets 8 blocks, and whether 4, 5, 6 or 7
+    of them fit at once it runs two rounds (blocks of equal work retire together), so the
+    latency term is the same; at 8 resident blocks, one round. Measured on an H200 (profiles/
+    h200): base, optmt and l2p with 4-6 resident blocks averaged 30-31 warps per SM in ncu, and
+    the register cap bought optmt 1-2%, not the 16% a fractional wave predicts."""
     wl = SMALL.replace(E=5_000_000, B=2048, L=150, T=1, batches=2)
     by_blocks = {}
-    for regs in (64, 56, 48, 40):
+    for regs in (64, 56, 48, 40, 32):
         r = MP.predict(wl, ["random"], ["base"], ["h100-sxm"], static=static({"base": regs}), sass=sass()).iloc[0]
         by_blocks[int(r["blocks_per_sm"])] = r
-    assert len(by_blocks) >= 3
-    ks = sorted(by_blocks)
-    for a, b in zip(ks, ks[1:]):
-        ratio = by_blocks[a]["time_us"] / by_blocks[b]["time_us"]
-        assert 1.02 < ratio < 1.6, (a, b, ratio)
-        assert by_blocks[a]["waves"] > by_blocks[b]["waves"] and by_blocks[b]["waves"] % 1 != 0
+    assert len(by_blocks) >= 4 and max(by_blocks) == 8
+    two = [by_blocks[k] for k in sorted(by_blocks) if k < 8]
+    assert all(r["waves"] == 2 and r["latency_us"] == pytest.approx(two[0]["latency_us"]) for r in two)
+    assert by_blocks[8]["waves"] == 1 and by_blocks[8]["latency_us"] == pytest.approx(two[0]["latency_us"] / 2)
+    assert all(r["resident_warps"] == pytest.approx(1024 * 8 / 132 / r["waves"]) for r in by_blocks.values())
 
 
 def test_pcie_and_sxm_differ_by_their_resources_not_by_a_wave():
@@ -413,13 +414,14 @@ def test_tbe_waits_for_its_table_switch_once_per_run_of_bags_not_once_per_bag():
     """tbe's loop over the tables of a warp's slice (a descriptor, the first offsets and
     tile: `setup_latencies` in its SASS row) costs each warp once per table it meets: every
     bag when there are fewer bags than warps, a small share of a bag when each warp
-    gathers many."""
-    def per_lookup(B: int, setup: float | None) -> float:
+    gathers many; walked one table at a time, once per phase more."""
+    def per_lookup(B: int, setup: float | None, flight: int = 3) -> float:
         rows = sass()
         if setup is not None:
             rows.loc[rows["variant"] == "tbe", "setup_latencies"] = setup
         wl = WorkloadConfig(T=3, E=50_000, B=B, L=20, batches=2)
-        df = MP.predict(wl, ["random"], ["tbe"], ["sm_80"], static=static(), sass=rows)
+        df = MP.predict(wl, ["random"], ["tbe"], ["sm_80"], static=static(), sass=rows,
+                        params={"tbe": {"tables_in_flight": flight}})
         return float(df[df["variant"] == "tbe"]["latencies_per_lookup"].iloc[0])
 
     assert (sass()[sass()["variant"] == "tbe"]["setup_latencies"] > 0).all()
@@ -427,3 +429,22 @@ def test_tbe_waits_for_its_table_switch_once_per_run_of_bags_not_once_per_bag():
     many = per_lookup(40_000, 2.0) - per_lookup(40_000, 0.0)  # 120,000 bags: ~46 per warp
     assert few == pytest.approx(2.0 / 20, rel=0.02)
     assert many == pytest.approx(2.0 / 20 * (2_592 + 2) / 120_000, rel=0.05)
+    phased = per_lookup(40_000, 2.0, 1) - per_lookup(40_000, 0.0, 1)   # three phases: a slice of each per warp
+    assert phased == pytest.approx(2.0 / 20 * (3 * 2_592 + 2) / 120_000, rel=0.05)
+
+
+def test_tbe_tables_in_flight_share_the_l2():
+    """One tbe launch over T tables walked all at once keeps each table's rows in about 1/T of
+    the L2; walked one table at a time, in all of it: on a skewed trace the hit rate is far
+    higher and the time lower, on a uniform one it hardly moves. Measured on an H200
+    (profiles/h200/tbe-order): medium 32.6 -> 23.3 us per table, random 40.1 -> 38.0."""
+    wl = WorkloadConfig(T=12, E=2_000_000, D=128, B=2048, L=50, batches=2)
+    got = {}
+    for flight in (12, 1):
+        df = MP.predict(wl, ["medium", "random"], ["tbe"], ["h200"], static=static(), sass=sass(),
+                        params={"tbe": {"tables_in_flight": flight}})
+        got[flight] = df[df["variant"] == "tbe"].set_index("dataset")
+    assert (got[12]["tables_in_flight"] == 12).all() and (got[1]["tables_in_flight"] == 1).all()
+    assert got[1].loc["medium", "l2_hit_rate_pct"] > got[12].loc["medium", "l2_hit_rate_pct"] + 10
+    assert got[1].loc["medium", "time_us"] < 0.9 * got[12].loc["medium", "time_us"]
+    assert got[1].loc["random", "time_us"] == pytest.approx(got[12].loc["random", "time_us"], rel=0.05)

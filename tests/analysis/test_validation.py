@@ -18,7 +18,7 @@ from characterize.hardware.specs import GPUS, gpu_spec
 
 
 def test_the_corpus_has_what_a_validation_needs():
-    df = V.load_measurements()
+    df = V.load_measurements(here=None)
     assert len(df) >= 30 and df["source"].nunique() >= 3
     assert set(df["expressible"]) <= {"yes", "no", "proxy"}
     generations = {gpu_spec(k).arch[:4] for k in df["gpu_key"] if k in GPUS}
@@ -91,3 +91,41 @@ def test_validate_reproduces_the_committed_figure_and_meets_the_targets():
     rows = pd.DataFrame(out["rows"])
     assert (rows["band_low_us"] <= rows["cv_predicted_us"]).all() and not rows["proxy"].all()
     assert len(out["left_out"]) >= 30 and all(r["why_not"] for r in out["left_out"])
+
+
+def test_our_own_runs_join_the_corpus_with_their_provenance_per_launch(tmp_path):
+    """A measured run's bench points become corpus rows: one per point and mode, the time of one
+    launch (tbe's covers every table: 12 x its per-table time), tbe's work order as it ran (every
+    table at once before phases existed), the run's workload and GPU; add_run replaces a source's
+    rows. The committed H200 run (profiles/h200/paper-gpu) and our corpus agree."""
+    from pathlib import Path
+
+    from characterize.store import load_run
+
+    run = load_run(Path(__file__).resolve().parents[2] / "profiles" / "h200" / "paper-gpu")
+    rows = V.run_corpus_rows(run, "test-h200", "profiles/h200")
+    assert len(rows) == 90 and {r["gpu_key"] for r in rows} == {"h200"}
+    tbe = next(r for r in rows if r["id"] == "test-h200:tbe:medium:steady")
+    per_table = next(s["per_table_us"] for s in run.points("bench") if s["variant"] == "tbe" and s["dataset"] == "medium"
+                     for s in s["summary"] if s["mode"] == "steady")
+    assert tbe["tables_per_launch"] == "12" and float(tbe["measured_us"]) == pytest.approx(12 * per_table, rel=1e-4)
+    assert "tables_in_flight=12" in tbe["params"] and tbe["citation"] == "profiles/h200"
+    path = tmp_path / "here.csv"
+    assert V.add_run(run, "x", path=path) == ("x", 90) and V.add_run(run, "x", path=path) == ("x", 90)
+    assert len(V.load_measurements(here=path).query("origin == 'here'")) == 90   # replaced, not appended
+    ours = V.load_measurements().query("origin == 'here'")
+    assert {"h200-paper", "h200-shape-a", "h200-shape-c", "h200-shape-d", "h200-tbe-order"} <= set(ours["source"])
+    assert (ours["measured_us"].astype(float) > 0).all() and (ours["citation"].str.len() > 0).all()
+
+
+def test_regimes_and_their_bands():
+    from characterize.analysis.model.validation_error import ModelError, regime_of
+
+    assert regime_of("uvm", 150, "dram") == "host tables" and regime_of("none", 1, "dram") == "short bags"
+    assert regime_of("none", 150, "dram") == "DRAM-bound" and regime_of("none", 150, "latency") == "latency-bound"
+    assert regime_of("none", 150, "issue") == regime_of("none", 150, "l2") == "L1/L2-resident"
+    lo, hi = V.regime_band(np.log(np.array([0.9, 1.0, 1.05, 1.1, 1.2] * 4)))
+    assert 0.9 <= lo < 1.0 < hi <= 1.2
+    err = ModelError(15, 4, 0.07, 0.1, 0.9, 0.86, 1.16, "x", "y", regimes={"short bags": [0.55, 1.5, 32],
+                                                                          "host tables": [0.7, 1.0, 4]})
+    assert err.band("short bags") == (0.55, 1.5) and err.band("host tables") == (0.86, 1.16)   # too few: public

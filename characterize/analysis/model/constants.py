@@ -16,6 +16,10 @@ from characterize.errors import ConfigError
 from characterize.hardware.specs import GpuSpec, gpu_spec
 
 SECTOR = 32          # bytes: the unit of L1/L2/DRAM traffic
+#: k of the time terms' k-norm: terms that overlap in time (a warp waits on memory while others
+#: issue; DRAM and L2 serve the same requests) cost about the largest, plus a little when a second
+#: is close (k = 4: two equal terms take 1.19 x either, a term at half the largest adds 3%)
+OVERLAP = 4.0
 WAVEFRONT = 128      # bytes an L1 request moves per cycle
 L1_SAMPLE_SMS = 8    # SMs whose substreams estimate the L1 hit rate
 MODES = ("steady", "cold")
@@ -34,13 +38,16 @@ class ModelConstants:
     launch_overhead_us: float
     pinned_hit: float = GpuSpec.pinned_hit_probability  # a row pinned in the persisting set-aside hits
     write_efficiency: float = 0.9   # achievable fraction of peak DRAM bandwidth for streamed writes (the output)
-    overlap: float = 2.0            # k: how the time terms combine, (sum of t_i^k)^(1/k) (large k: the largest)
+    overlap: float = OVERLAP        # k: how the time terms combine, (sum of t_i^k)^(1/k) (large k: the largest)
     request_overhead_bytes: float = 32.0  # s0: a random read of s contiguous bytes runs at s / (s + s0) of the rate
+    issue_ipc: float = GpuSpec.issue_ipc          # warp instructions an SM issues per cycle in a hot loop
+    l1_efficiency: float = GpuSpec.l1_efficiency  # share of the L1's peak bytes per cycle row gathers reach
 
     @classmethod
     def defaults(cls, gpu: GpuSpec) -> "ModelConstants":
         return cls(gpu.l1_latency_ns, gpu.l2_latency_ns, gpu.dram_latency_ns, gpu.l2_effective_capacity,
-                   gpu.hbm_efficiency, gpu.launch_overhead_us, gpu.pinned_hit_probability)
+                   gpu.hbm_efficiency, gpu.launch_overhead_us, gpu.pinned_hit_probability,
+                   issue_ipc=gpu.issue_ipc, l1_efficiency=gpu.l1_efficiency)
 
     def to_dict(self) -> dict[str, float]:
         return dataclasses.asdict(self)
@@ -83,11 +90,15 @@ BAND: dict[str, tuple[float, float]] = {
     "launch_overhead_us": (0.67, 1.33),
     "pinned_hit": (0.89, 1.12),
     "write_efficiency": (0.9, 1.08),
+    "issue_ipc": (0.92, 1.06),
+    "l1_efficiency": (0.85, 1.2),
 }
 #: constants whose larger values make a kernel faster (the band's fast end takes the top)
-FASTER_WHEN_LARGER = frozenset({"l2_capacity_factor", "hbm_efficiency", "pinned_hit", "write_efficiency"})
+FASTER_WHEN_LARGER = frozenset({"l2_capacity_factor", "hbm_efficiency", "pinned_hit", "write_efficiency",
+                                "issue_ipc", "l1_efficiency"})
 #: constants added after calibrations were first stored: a stored set without them keeps the default
-OPTIONAL = frozenset({"pinned_hit", "write_efficiency", "overlap", "request_overhead_bytes"})
+OPTIONAL = frozenset({"pinned_hit", "write_efficiency", "overlap", "request_overhead_bytes", "issue_ipc",
+                      "l1_efficiency"})
 
 
 #: the range calibrate() keeps each constant in
@@ -102,6 +113,8 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "write_efficiency": (0.3, 1.0),
     "overlap": (1.0, 16.0),
     "request_overhead_bytes": (0.0, 256.0),
+    "issue_ipc": (1.0, 4.0),
+    "l1_efficiency": (0.2, 1.0),
 }
 FIT_DEFAULT = tuple(BOUNDS)
 

@@ -24,8 +24,11 @@ def l2_hit(p: _Point, c: ModelConstants) -> float:
     without one, or kept by the access-policy window (l2w)."""
     gpu, prof, rs = p.gpu, p.profile, p.row_sector_bytes
     capacity = c.l2_capacity_factor * gpu.l2_bytes
+    if p.host == "uvm" and p.uvm_mode == "zero-copy":
+        return 0.0   # rows read in place over the host link: measured as fast on a skewed trace as on a uniform one
     if p.l2 == "none" or (p.prepass_rows == 0 and p.pinned_rows == 0):
-        return _hit_fraction(prof.byte_distances(p.mode, rs, p.stream_bytes), capacity)
+        return _hit_fraction(prof.byte_distances(p.mode, rs, p.stream_bytes, in_flight=p.tables_in_flight),
+                             capacity)
     if p.l2 == "prefetch" and not p.set_aside:
         k = p.prepass_rows
         hot = prof.pinned(k)
@@ -66,7 +69,10 @@ def _evaluate(p: _Point, c: ModelConstants) -> dict[str, Any]:
     characterize.analysis.model says them in words)."""
     gpu, k, rs = p.gpu, p.kernel, p.row_sector_bytes
     h2 = l2_hit(p, c)
-    l1 = _hit_fraction(p.l1, gpu.l1_data_bytes / rs)
+    zero_copy = p.host == "uvm" and p.uvm_mode == "zero-copy"
+    # the L1 of an SM holds the rows of the tables its resident blocks walk: one each at most
+    on_sm = max(1, min(p.tables_in_flight, k.blocks_per_sm))
+    l1 = 0.0 if zero_copy else _hit_fraction(p.l1, gpu.l1_data_bytes / rs / on_sm)
     phi1, phi2, phid = l1, max(h2 - l1, 0.0), 1.0 - max(h2, l1)
     lam1, lam2 = c.l1_latency_ns, c.l2_latency_ns
     lamd = c.dram_latency_ns + (HOST_READ_LATENCY_NS if p.host == "uvm" and p.uvm_mode == "zero-copy" else 0.0)
@@ -76,15 +82,16 @@ def _evaluate(p: _Point, c: ModelConstants) -> dict[str, Any]:
     a, b = phi1 ** U, (phi1 + phi2) ** U
     wait = lam1 * a + lam2 * (b - a) + lamd * (1 - b)
     task_ns = p.task_latencies * wait
-    wpb = p.warps_per_block
-    resident = min(p.blocks, p.slots) * wpb
-    latency_ns = max(p.tasks * task_ns / resident, task_ns * math.ceil(p.tasks / (p.blocks * wpb)))
+    # a warp's chain of tasks (a grid-stride loop takes ceil(tasks / warps) of them), once per round of blocks on
+    # the busiest SM: blocks of equal work retire together, so 8 blocks on an SM that holds 5 take 2 rounds, not
+    # 1.6 (ncu on an H200: base, optmt and l2p at 1024 blocks, 4-6 resident, averaged 30-31 warps per SM)
+    latency_ns = task_ns * math.ceil(p.tasks / (p.blocks * p.warps_per_block)) * p.rounds
     TL = p.tables_per_launch
     N = p.lookups * TL
     row_reads = N * phid * rs
     reads = row_reads + p.read_stream_bytes * TL
     writes = p.write_bytes * TL
-    link = p.host == "uvm" and p.uvm_mode == "zero-copy"
+    link = zero_copy
     # a random read of s contiguous bytes pays a fixed cost beside its transfer (activations, bursts): rate
     # s / (s + s0) of the streaming one; the index, offset and output streams are contiguous
     s = k.request_bytes(p.row_bytes)
@@ -97,13 +104,14 @@ def _evaluate(p: _Point, c: ModelConstants) -> dict[str, Any]:
         dram_ns = streams_ns + row_reads / (gather * gpu.hbm_GBps)
     l2_bytes = N * (1 - phi1) * rs + p.read_stream_bytes * TL + writes
     l1_bytes = N * math.ceil(p.row_bytes / WAVEFRONT) * WAVEFRONT + p.read_stream_bytes * TL
+    clk = gpu.boost_clock_MHz / 1000   # cycles per ns
     terms_ns = {
         "latency": latency_ns,
         "dram": dram_ns,                                              # GB/s == bytes/ns
         "l2": l2_bytes / gpu.l2_GBps,
-        "l1": l1_bytes / (gpu.l1_bytes_per_clk * gpu.sm_count * gpu.boost_clock_MHz / 1000),
-        # four schedulers per SM issue one warp instruction per cycle each
-        "issue": p.tasks * p.task_instructions / (4 * gpu.sm_count * gpu.boost_clock_MHz / 1000),
+        "l1": l1_bytes / (c.l1_efficiency * gpu.l1_bytes_per_clk * gpu.sm_count * clk),
+        # four schedulers per SM could issue four warp instructions a cycle; a gather's loop reaches issue_ipc
+        "issue": p.tasks * p.task_instructions / (c.issue_ipc * gpu.sm_count * clk),
     }
     # the terms contend for the same warps, schedulers and memory system: they add up as a k-norm
     kernel_ns = norm(terms_ns.values(), c.overlap)

@@ -22,6 +22,7 @@ from characterize.analysis.model.locality import TraceProfile, sectors_per_row, 
 from characterize.config import INDEX_BYTES, WorkloadConfig
 from characterize.errors import ConfigError, UnsupportedShape
 from characterize.hardware.specs import UVM_PAGE_BYTES, GpuSpec
+from characterize.kernels.order import choose_tables_in_flight
 from characterize.kernels.registry import Variant, default_cache_rows, get_variant
 from characterize.progress import Progress
 
@@ -39,6 +40,7 @@ class _Point:
     set_aside: bool         # prefetch: pinned rows inside a persisting-L2 set-aside (else a warm start only)
     tables: int             # T
     tables_per_launch: int  # 1, or T for a kernel covering every table in one launch
+    tables_in_flight: int   # tables whose rows share the L2 while a launch runs: 1, or its order's (tbe: phases)
     lookups: float          # N per table per batch
     bags: int               # B per table
     row_bytes: int
@@ -72,15 +74,23 @@ class _Point:
         return max(1, self.tables // self.tables_per_launch)
 
     @property
-    def resident_warps(self) -> int:
-        """Warps resident per SM: the occupancy limit, or fewer when the work runs out."""
-        return min(self.kernel.blocks_per_sm, -(-self.blocks // self.gpu.sm_count)) * self.warps_per_block
+    def rounds(self) -> int:
+        """Rounds of blocks the busiest SM runs: its ceil(blocks / SMs) blocks, as many at a
+        time as fit. Blocks of equal work retire together, so a round is whole however few
+        blocks the last holds (SMs take new blocks as old ones retire, all at about once)."""
+        per_sm = -(-self.blocks // self.gpu.sm_count)
+        return -(-per_sm // max(1, self.kernel.blocks_per_sm))
+
+    @property
+    def resident_warps(self) -> float:
+        """Warps resident per SM on average over the launch (what ncu's achieved occupancy
+        reads): every block's warps over the SMs and the busiest SM's rounds."""
+        return self.blocks * self.warps_per_block / self.gpu.sm_count / self.rounds
 
     @property
     def waves(self) -> float:
-        """Blocks over the blocks resident at once: SMs take a new block as one retires,
-        so a fraction of a wave costs a fraction of one (only the tail runs partial)."""
-        return self.blocks / max(1, self.slots)
+        """Rounds of blocks on the busiest SM (`rounds`), the unit the launch's time counts in."""
+        return float(self.rounds)
 
     @property
     def rows_in_flight(self) -> float:
@@ -137,12 +147,29 @@ def launch_shape(k: KernelFacts, gpu: GpuSpec, wl: WorkloadConfig, bags: int, ta
     slots = k.blocks_per_sm * gpu.sm_count
     if k.grid == PERSISTENT:
         blocks = min(needed, slots)
+        # each warp takes a contiguous slice of the tasks: a block covers its warps' slices
+        block_den *= max(1, round(tasks / max(1, blocks * wpb)))
     elif k.grid > 0:
         blocks = min(k.grid, needed)
     else:
         blocks = needed
     return dict(tasks=float(tasks), blocks=int(max(1, blocks)), warps_per_block=wpb, slots=int(max(1, slots)),
                 block_num=block_num, block_den=block_den)
+
+
+def tables_in_flight(v: Variant, prof: TraceProfile, gpu: GpuSpec, wl: WorkloadConfig,
+                     given: Mapping[str, Any] | None) -> int:
+    """Tables whose rows share the L2 during one launch of a batched variant: tbe's
+    tables_in_flight as given, else as its launcher chooses it from the warm-up batches'
+    hot rows (kernels.order; every table of a generated dataset has table 0's distribution);
+    every table for a batch kernel that walks them all at once (FBGEMM's)."""
+    if v.name != "tbe":
+        return wl.T
+    m = int((given or {}).get("tables_in_flight") or 0)
+    if not m:
+        curve = prof.coverage_curve()
+        m = choose_tables_in_flight([curve] * wl.T, [wl.row_bytes] * wl.T, gpu.l2_bytes * gpu.l2_effective_capacity)
+    return min(wl.T, m) if m else wl.T
 
 
 def _host_layouts(v: Variant, workload: WorkloadConfig, gpu: GpuSpec, given: dict[str, Any] | None,
@@ -257,14 +284,16 @@ def _prepare(workload: WorkloadConfig, datasets: Sequence[str], variants: Sequen
                         continue
                 k = facts[key]
                 tpl = workload.T if k.tables_per_launch == "all" else 1
+                flight = tables_in_flight(v, prof, gpu, workload, params.get(name)) if tpl > 1 else 1
                 geo = launch_shape(k, gpu, workload, prof.bags, tpl)
                 runs = run_lengths(lengths, prof.bags, k.run_bags)
                 lat = per_bag(k.bag_latencies, runs)
                 ins = per_bag(k.bag_instructions, runs)
                 task_lat, task_ins = float(lat.mean()), float(ins.mean())
-                if k.setup_latencies > 0:   # once per run of tasks: each warp's slice, split at table boundaries
+                if k.setup_latencies > 0:   # once per run of tasks: each warp's slice of each phase, split at tables
                     warps = geo["blocks"] * geo["warps_per_block"]
-                    task_lat += k.setup_latencies * min(1.0, (warps + tpl - 1) / max(geo["tasks"], 1.0))
+                    phases = -(-tpl // flight)
+                    task_lat += k.setup_latencies * min(1.0, (warps * phases + tpl - 1) / max(geo["tasks"], 1.0))
                 p = v.resolve_params(params.get(name), gpu=gpu, row_bytes=workload.row_bytes, rows=workload.E)
                 rs = sectors_per_row(workload.row_bytes) * SECTOR
                 N, B = prof.lookups_per_launch, prof.bags
@@ -278,7 +307,7 @@ def _prepare(workload: WorkloadConfig, datasets: Sequence[str], variants: Sequen
                 host = hosts.setdefault(ds, HostProfile(prof)) if v.host != "none" else None
                 points.extend(_Point(
                     variant=name, dataset=ds, gpu=gpu, kernel=k, l2=v.l2, set_aside=aside, tables=workload.T,
-                    tables_per_launch=tpl, lookups=N, bags=B, row_bytes=workload.row_bytes, row_sector_bytes=rs,
+                    tables_per_launch=tpl, tables_in_flight=flight, lookups=N, bags=B, row_bytes=workload.row_bytes, row_sector_bytes=rs,
                     tasks=geo["tasks"], blocks=geo["blocks"], warps_per_block=geo["warps_per_block"],
                     slots=geo["slots"], task_latencies=task_lat, task_instructions=task_ins, stream_bytes=stream,
                     read_stream_bytes=N * INDEX_BYTES + B * INDEX_BYTES, write_bytes=out_bytes + extra,

@@ -19,6 +19,7 @@ import numpy as np
 from characterize.analysis.model.constants import L1_SAMPLE_SMS, MODES, SECTOR
 from characterize.config import WorkloadConfig
 from characterize.errors import ConfigError
+from characterize.kernels.order import coverage_curve
 from characterize.workloads.locality import reuse_distances
 from characterize.workloads.traces import TableTrace, load_dataset
 
@@ -116,17 +117,22 @@ class _Stream:
             return np.where(self.crossed > 0, np.inf, self.distances)
         return self.distances + self.crossed * (tables - 1) * self.unique_per_launch
 
-    def bytes_between(self, tables: int, mode: str, row_sector_bytes: float, stream_bytes: float) -> np.ndarray:
+    def bytes_between(self, tables: int, mode: str, row_sector_bytes: float, stream_bytes: float,
+                      in_flight: int = 1) -> np.ndarray:
         """What the L2 holds between two reads of a row, in bytes: the distinct rows read in
         between (their sectors), every byte the kernel streams through L2 meanwhile (its
         indices, offsets, output and offset2bag: `stream_bytes` per lookup), and per
         batch boundary crossed the other T-1 tables' launches (their distinct rows and
-        streams); infinite across launches in cold mode (L2 flushed before each)."""
+        streams); infinite across launches in cold mode (L2 flushed before each). With
+        `in_flight` tables gathered at once (one launch walking several), each of the others
+        reads as much in the meantime: the distance within a launch is that many times the
+        table's own, and a batch boundary adds the launches of the tables not in flight."""
         within = self.distances * row_sector_bytes + np.where(np.isfinite(self.gaps), self.gaps, 0.0) * stream_bytes
+        within = within * in_flight
         if mode == "cold":
             return np.where(self.crossed > 0, np.inf, within)
         launch = self.unique_per_launch * row_sector_bytes + self.per_launch * stream_bytes
-        return within + self.crossed * (tables - 1) * launch
+        return within + self.crossed * max(tables - in_flight, 0) * launch
 
 
 def _compact(traces: list[TableTrace], rows: int) -> tuple[list[TableTrace], int]:
@@ -232,6 +238,7 @@ class TraceProfile:
         self._sorted: dict[tuple[str, str], np.ndarray] = {}
         self._window: dict[tuple[int, str], tuple[float, np.ndarray]] = {}
         self._l1: dict[tuple[int, int, int], np.ndarray] = {}
+        self._cache: dict[str, np.ndarray] = {}
 
     def distances(self, mode: str, subset: str = "all") -> np.ndarray:
         """Sorted effective L2 distances of the scored lookups ('all', or 'hot:K' /
@@ -244,13 +251,24 @@ class TraceProfile:
         return self._sorted[key]
 
     def byte_distances(self, mode: str, row_sector_bytes: float, stream_bytes: float,
-                       subset: str = "all") -> np.ndarray:
-        """Sorted L2 distances in bytes of the scored lookups (_Stream.bytes_between)."""
-        key = ("bytes", subset, mode, round(row_sector_bytes, 3), round(stream_bytes, 3))
+                       subset: str = "all", in_flight: int = 1) -> np.ndarray:
+        """Sorted L2 distances in bytes of the scored lookups (_Stream.bytes_between), with
+        `in_flight` tables gathered at once."""
+        key = ("bytes", subset, mode, round(row_sector_bytes, 3), round(stream_bytes, 3), in_flight)
         if key not in self._sorted:
             self._sorted[key] = np.sort(np.concatenate(
-                [s.bytes_between(self.T, mode, row_sector_bytes, stream_bytes) for s in self._streams[subset]]))
+                [s.bytes_between(self.T, mode, row_sector_bytes, stream_bytes, in_flight)
+                 for s in self._streams[subset]]))
         return self._sorted[key]
+
+    def coverage_curve(self) -> np.ndarray:
+        """Share of the warm-up batch's lookups its k most frequent rows serve, per k
+        (kernels.order.coverage_curve: what tbe's launcher chooses its work order from)."""
+        if "coverage" not in self._cache:
+            tr, batch = self._traces[0], self._batch[0]
+            warm = tr.indices[batch < 1] if tr.batches > 1 else tr.indices
+            self._cache["coverage"] = coverage_curve(warm, self.rows)
+        return self._cache["coverage"]
 
     def warm_start(self, k: int, mode: str, row_sector_bytes: float, stream_bytes: float) -> np.ndarray:
         """l2p without a set-aside: the pre-pass reads the k hottest rows just before each

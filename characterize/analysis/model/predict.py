@@ -12,7 +12,7 @@ from characterize.analysis.model.constants import MODES, ModelConstants, load_ca
 from characterize.analysis.model.equations import _evaluate
 from characterize.analysis.model.geometry import _Point, _prepare
 from characterize.analysis.model.locality import warm
-from characterize.analysis.model.validation_error import model_error
+from characterize.analysis.model.validation_error import model_error, regime_of
 from characterize.config import ExperimentConfig, WorkloadConfig
 from characterize.errors import ConfigError
 from characterize.hardware.specs import GpuSpec, gpu_spec
@@ -38,8 +38,10 @@ def _frame(points: Sequence[_Point], consts: Mapping[str, tuple[ModelConstants, 
         out = _evaluate(p, c)
         lo, hi = _evaluate(p, fast)["time_us"], _evaluate(p, slow)["time_us"]
         t = out["time_us"]
-        if error is not None:   # the model's own error on public measurements, beside the constants' ranges
-            lo, hi = min(lo, t * error.low), max(hi, t * error.high)
+        regime = regime_of(p.host, p.lookups / max(p.bags, 1), out["bound"])
+        if error is not None:   # the model's own error in this regime, beside the constants' ranges
+            a, b = error.band(regime)
+            lo, hi = min(lo, t * a), max(hi, t * b)
         lo = max(lo, out["floor_us"] + c.launch_overhead_us)
         k = p.kernel
         per_bag = p.lookups / max(p.bags, 1)   # a task gathers every lookup of its bag (or of 32 / lanes bags)
@@ -52,7 +54,8 @@ def _frame(points: Sequence[_Point], consts: Mapping[str, tuple[ModelConstants, 
                      "latencies_per_lookup": p.task_latencies / max(per_task, 1e-9),
                      "instructions_per_lookup": p.task_instructions / max(per_task, 1e-9),
                      "waves": p.waves, "pinned_rows": p.pinned_rows, "note": p.note, "cache_ratio": p.cache_ratio,
-                     "host_link": p.gpu.host_link if p.host != "none" else "", **out,
+                     "host_link": p.gpu.host_link if p.host != "none" else "", "regime": regime,
+                     "tables_in_flight": p.tables_in_flight, **out,
                      "time_us_low": lo, "time_us_high": hi,
                      "time_per_table_us": t / p.tables_per_launch, "batch_us": t * p.launches,
                      "validated_n": error.n if error else 0,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
@@ -33,14 +33,55 @@ class ModelError:
     high: float         # multiplier at its slow end
     cv: str             # how the figures were obtained (leave-one-source-out)
     generated: str      # when
+    #: our own measured runs (analysis/model/measured_here.csv) held out by dataset: n, gmae, mape, coverage
+    here: dict = field(default_factory=dict)
+    #: per regime (analysis.validation.REGIMES): [low, high, n], the band multipliers of a prediction in it,
+    #: from the held-out residuals of our runs' points in that regime
+    regimes: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def band(self, regime: str | None = None) -> tuple[float, float]:
+        """(low, high) multipliers of a prediction: its regime's, measured on our runs' held-out
+        points (at least REGIME_MIN of them), else the public corpus's."""
+        got = self.regimes.get(regime or "")
+        if got and got[2] >= REGIME_MIN:
+            return float(got[0]), float(got[1])
+        return self.low, self.high
+
     def sentence(self) -> str:
         """One line a prediction carries."""
-        return (f"model error on {self.n} public measurements from {self.sources} sources ({self.cv}): GMAE "
-                f"{100 * self.gmae:.0f}%, MAPE {100 * self.mape:.0f}%, {100 * self.coverage:.0f}% inside the band")
+        out = (f"model error on {self.n} public measurements from {self.sources} sources ({self.cv}): GMAE "
+               f"{100 * self.gmae:.0f}%, MAPE {100 * self.mape:.0f}%, {100 * self.coverage:.0f}% inside the band")
+        if self.here:
+            out += (f"; on {self.here['n']} of our own GPU points (leave-one-dataset-out): GMAE "
+                    f"{100 * self.here['gmae']:.0f}%, MAPE {100 * self.here['mape']:.0f}%, "
+                    f"{100 * self.here['coverage']:.0f}% inside their regime's band")
+        return out
+
+
+#: held-out points a regime needs before its own band replaces the public corpus's
+REGIME_MIN = 5
+#: the regimes error and bands are told apart in: where the time of a lookup goes
+REGIMES = ("host tables", "short bags", "L1/L2-resident", "DRAM-bound", "latency-bound")
+#: bags at most this long (mean lookups) are short: a bag's own chain of dependent loads sets its time
+SHORT_BAG = 4.0
+
+
+def regime_of(host: str, mean_bag: float, bound: str) -> str:
+    """The regime a point's time is in: host-resident tables (the link), short bags (each
+    bag's chain of dependent loads), L1/L2-resident (issue, L1 or L2 bandwidth bound),
+    DRAM-bound, or latency-bound (rows in flight per warp)."""
+    if host != "none":
+        return "host tables"
+    if mean_bag <= SHORT_BAG:
+        return "short bags"
+    if bound == "dram":
+        return "DRAM-bound"
+    if bound == "latency":
+        return "latency-bound"
+    return "L1/L2-resident"
 
 
 @lru_cache(maxsize=1)
@@ -50,7 +91,7 @@ def model_error() -> ModelError | None:
         return None
     try:
         data = json.loads(ERROR_PATH.read_text())
-        err = ModelError(**{k: data[k] for k in ModelError.__dataclass_fields__})
+        err = ModelError(**{k: data[k] for k in ModelError.__dataclass_fields__ if k in data})
     except (OSError, ValueError, KeyError, TypeError):
         return None
     if not all(math.isfinite(x) and x > 0 for x in (err.low, err.high)):
