@@ -181,6 +181,49 @@ def precision_table() -> list[dict]:
     return out
 
 
+#: the GPUs the work-order table predicts for
+ORDER_GPUS = ("a100-80gb", "h100-sxm", "h200")
+#: its targets: tbe's chosen order at least this much faster than warp on every paper dataset (H100, H200)
+ORDER_TARGET = 1.05
+
+
+def order_table() -> tuple[list[dict], list[str]]:
+    """tbe's work order on the paper configuration (fp32), predicted: every table at once
+    (the plain order, tables_in_flight = T), the order its launcher chooses from the trace
+    (kernels.order), and warp (one table per launch), per dataset and GPU: us per table, DRAM
+    bytes per table, and the ratios; with the misses of ORDER_TARGET said."""
+    from characterize.analysis.model.predict import predict
+    from characterize.pipeline import code_facts
+
+    code = code_facts(["base", "warp", "tbe"], list(ARCHS), 128)
+    wl = CONFIGS["paper"].replace(batches=3)
+    out, misses = [], []
+    profiles: dict = {}
+    got = {}
+    for label, params in (("plain", {"tbe": {"tables_in_flight": wl.T}}), ("chosen", {})):
+        df = predict(wl, ["one-item", "high", "medium", "low", "random"], ["tbe", "warp"], list(ORDER_GPUS),
+                     static=code.static,
+                     sass=code.sass, params=params, profiles=profiles)
+        got[label] = df.set_index(["dataset", "gpu", "variant"])
+    for (ds, gpu, v), r in got["chosen"].iterrows():
+        if v != "tbe":
+            continue
+        plain = got["plain"].loc[(ds, gpu, "tbe")]
+        warp = got["chosen"].loc[(ds, gpu, "warp")]
+        speedup = float(warp["time_per_table_us"]) / float(r["time_per_table_us"])
+        out.append({"dataset": ds, "gpu": gpu, "tables in flight": int(r["tables_in_flight"]),
+                    "plain us/table": round(float(plain["time_per_table_us"]), 1),
+                    "chosen us/table": round(float(r["time_per_table_us"]), 1),
+                    "warp us/table": round(float(warp["time_per_table_us"]), 1),
+                    "plain DRAM/table": format_bytes(float(plain["dram_bytes"]) / wl.T),
+                    "chosen DRAM/table": format_bytes(float(r["dram_bytes"]) / wl.T),
+                    "chosen vs plain": f"{float(plain['time_us']) / float(r['time_us']):.2f}x",
+                    "chosen vs warp": f"{speedup:.2f}x"})
+        if gpu != "a100-80gb" and speedup < ORDER_TARGET:
+            misses.append(f"{ds} on {gpu}: {speedup:.2f}x")
+    return out, misses
+
+
 def main() -> None:
     start = time.perf_counter()
     print(f"in flight per warp: row loads in the hot loop alone ('hot', as `characterize sass`); rows really "
@@ -199,6 +242,14 @@ def main() -> None:
     print("\nthe model (PREDICTIONS): tbe at each precision on the paper configuration, against the roofline "
           "of that precision's bytes (int8: values + fp32 scale and bias; fp8: e4m3 values + an fp32 scale):")
     show(precision_table())
+    rows, misses = order_table()
+    print("\nthe model (PREDICTIONS): tbe's work order on the paper configuration, every table at once ('plain', "
+          "what tbe ran before phases) against the order its launcher chooses from the trace, and warp; the DRAM "
+          "bytes per table each order implies (its tables in flight share the L2); measured on an H200 in "
+          "profiles/h200/tbe-order:")
+    show(rows)
+    print(f"target: tbe's chosen order >= {ORDER_TARGET:.2f}x warp on every paper dataset on H100 and H200: "
+          + ("met" if not misses else "missed on " + ", ".join(misses)))
     print(f"\ndone in {time.perf_counter() - start:.1f} s")
 
 
