@@ -61,6 +61,7 @@ from characterize.errors import (
     NcuPermissionError,
     NoCudaDevice,
     OutOfTime,
+    RunDirError,
     ToolchainNotFound,
     UnsupportedShape,
     WorkloadError,
@@ -788,6 +789,9 @@ def run_experiment(exp: ExperimentConfig, out: Path | None = None, *, resume: bo
     found = devices() if backend == "cuda" and executor == "local" else []
     info = found[0] if found else None
     exp = check_experiment(exp, gpu=info.spec() if info else None)
+    measured = _measured_elsewhere(out, resume, info, backend, executor)
+    if measured is not None:   # a run measured on a GPU, analyzed here without one
+        return _analyze_measured(exp, measured, reporter, after_step)
     run = open_experiment_run(exp, out, "bench", resume, info, backend, executor, remeasure)
     outcome = RunOutcome(run.path)
     ctx = StepContext(exp, run, reporter, backend, executor, ncu, info, outcome, deadline)
@@ -795,6 +799,54 @@ def run_experiment(exp: ExperimentConfig, out: Path | None = None, *, resume: bo
     # the locality step, every precision's predictions and the DLRM step read and analyze each trace once
     with shared_datasets(), shared_reuse(), shared_profiles():
         _run_steps(ctx, after_step)
+    return outcome
+
+
+def _measured_elsewhere(out: Path | None, resume: bool, info: Any, backend: str, executor: str) -> Path | None:
+    """The run directory to analyze without measuring: `--resume` of a run measured on a GPU,
+    on a machine with none (its points stay as measured; nothing here could add to them)."""
+    if not resume or out is None or info is not None or backend != "cuda" or executor != "local":
+        return None
+    if not (Path(out) / "meta.json").is_file():
+        return None
+    gpu = (load_run(out).meta.get("gpu") or {}).get("key")
+    return Path(out) if gpu else None
+
+
+def _analyze_measured(exp: ExperimentConfig, path: Path, reporter: Reporter,
+                      after_step: Callable[[str, Path], None] | None) -> RunOutcome:
+    """What a machine without the run's GPU can add to it: the static facts, trace locality,
+    the model's predictions (for the run's GPU too) and the DLRM step's, and the report, so
+    that its measured points stand beside predictions ("Predicted vs measured"). The run's
+    experiment, GPU and fingerprint stay as measured; bench and profile are not run."""
+    stored = load_run(path)
+    gpu = stored.meta.get("gpu") or {}
+    experiment = ExperimentConfig.from_dict(stored.meta["experiment"])
+    if experiment.name != exp.name or experiment.workload != exp.workload:
+        raise RunDirError(f"{path} holds a run of {experiment.name} ({experiment.workload}), not of {exp.name}; "
+                          "analyze it with its own experiment, or choose another --out")
+    run = RunDir.create(path, {}, resume=True)
+    outcome = RunOutcome(run.path)
+    ctx = StepContext(experiment, run, reporter, "cuda", "local", None, None, outcome)
+    run.log(f"run {experiment.name}: analyzed without a GPU (measured on {gpu.get('name', gpu.get('key'))}); "
+            "its points are kept as measured")
+    why = f"measured on {gpu.get('name') or gpu.get('key')}, kept as measured (this machine has no GPU)"
+    with shared_datasets(), shared_reuse(), shared_profiles():
+        for step in STEPS:
+            if step.measures:
+                outcome.steps[step.name] = f"skipped: {why}"
+                continue
+            start = time.perf_counter()
+            try:
+                step.run(ctx)
+            except CharacterizeError as e:
+                outcome.steps[step.name] = f"failed: {e}"
+                reporter.message(f"{step.name} failed: {e}")
+            else:
+                outcome.steps[step.name] = "done"
+                if after_step is not None:
+                    after_step(step.name, run.path)
+            run.log(f"{step.name}: {outcome.steps[step.name]} ({time.perf_counter() - start:.1f} s)")
     return outcome
 
 

@@ -33,7 +33,7 @@ import weakref
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import pandas as pd
 
@@ -818,6 +818,91 @@ def load_run(path: str | Path) -> Run:
     if not (p / META).exists():
         raise RunDirError(f"{escape_text(str(p))} is not a run directory (no {META})")
     return Run(p, read_json(p / META, "meta"))
+
+
+def same_experiment(a: Run, b: Run) -> bool:
+    """Whether two runs measured one experiment on one GPU: the experiment's name and workload
+    and the GPU agree (a bench from one machine and a profile from another merge; two GPUs,
+    two workloads or two experiments stay apart)."""
+    ea, eb = a.meta.get("experiment") or {}, b.meta.get("experiment") or {}
+    ga, gb = (a.meta.get("gpu") or {}).get("key"), (b.meta.get("gpu") or {}).get("key")
+    return bool(ea) and ea.get("name") == eb.get("name") and ea.get("workload") == eb.get("workload") and \
+        (ga == gb or not ga or not gb)
+
+
+class MergedRun(Run):
+    """Several runs of one experiment on one GPU read as one (same_experiment): bench points
+    from one, profile points from another, a run measured on a GPU and its predictions added
+    elsewhere. Points are their union (a later run's point replaces an earlier one's of the
+    same variant, dataset and kind); tables and statistics come from the first run that has
+    them; each profile report is read from its own run's directory."""
+
+    def __init__(self, parts: Sequence[Run]):
+        if len(parts) < 2:
+            raise RunDirError("merging needs at least two runs")
+        first = next((r for r in parts if (r.meta.get("gpu") or {}).get("key")), parts[0])
+        meta = dict(first.meta)
+        meta["merged_from"] = [str(r.path) for r in parts]
+        super().__init__(first.path, meta)
+        self.parts = list(parts)
+
+    @property
+    def name(self) -> str:
+        return " + ".join(r.name for r in self.parts)
+
+    def table(self, key: str) -> pd.DataFrame:
+        for r in self.parts:
+            df = r.table(key)
+            if not df.empty:
+                return df
+        return pd.DataFrame()
+
+    def points(self, kind: str) -> list[dict[str, Any]]:
+        out: dict[tuple[str, str], dict[str, Any]] = {}
+        for r in self.parts:
+            for pt in r.points(kind):
+                out[(pt["variant"], pt["dataset"])] = pt
+        return list(out.values())
+
+    @cached_property
+    def unreadable_points(self) -> list[dict[str, str]]:
+        return [u for r in self.parts for u in r.unreadable_points]
+
+    @cached_property
+    def unreadable_reports(self) -> list[dict[str, str]]:
+        return [u for r in self.parts for u in r.unreadable_reports]
+
+    @cached_property
+    def locality_raw(self) -> dict[str, Any]:
+        return next((r.locality_raw for r in self.parts if r.locality_raw), {})
+
+    @cached_property
+    def metrics(self) -> pd.DataFrame:
+        """Each part's profiled points, from its own reports (a later part's point of the same
+        variant and dataset replaces an earlier one's)."""
+        frames, seen = [], set()
+        for r in reversed(self.parts):
+            m = r.metrics
+            if m.empty:
+                continue
+            keep = ~pd.Series(list(zip(m["variant"], m["dataset"])), index=m.index).isin(seen)
+            seen |= set(zip(m["variant"], m["dataset"]))
+            frames.append(m[keep])
+        return pd.concat(frames[::-1], ignore_index=True) if frames else pd.DataFrame()
+
+
+def load_runs(paths: Sequence[str | Path]) -> list[Run]:
+    """Open run directories, the runs of one experiment on one GPU merged into one
+    (MergedRun), in the order given (a merged run where its first part was)."""
+    runs = [load_run(p) for p in paths]
+    groups: list[list[Run]] = []
+    for r in runs:
+        home = next((g for g in groups if same_experiment(g[0], r)), None)
+        if home is None:
+            groups.append([r])
+        else:
+            home.append(r)
+    return [g[0] if len(g) == 1 else MergedRun(g) for g in groups]
 
 
 def list_runs(root: str | Path) -> list[Path]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -154,3 +155,31 @@ def test_the_selftest_runs_what_its_budget_holds_and_records_what_it_cut(tmp_pat
     assert out.archive == tmp_path / "run.tar.gz" and out.archive.stat().st_size > 0
     assert (tmp_path / "run" / "report.html").is_file() and not out.checks
     assert any(p.startswith("check: cut") for p in out.problems)
+
+
+@pytest.mark.slow
+def test_a_run_measured_on_a_gpu_gets_its_predictions_on_a_machine_without_one(tmp_path):
+    """`run --resume` of the committed H200 run on a machine without a GPU adds the static
+    facts, locality, predictions (for the run's H200 too) and the report, keeps every measured
+    point as it was, and says bench and profile were measured elsewhere."""
+    import shutil
+
+    from click.testing import CliRunner
+
+    from characterize.cli import main
+    from characterize.hardware.devices import devices
+    from characterize.store import load_run
+
+    if devices():
+        pytest.skip("checks the path without a GPU")
+    h200 = Path(__file__).resolve().parents[1] / "profiles" / "h200"
+    run = tmp_path / "paper-gpu"
+    shutil.copytree(h200 / "paper-gpu", run)
+    before = {p.name: p.read_text() for p in (run / "points").rglob("*.json")}
+    r = CliRunner().invoke(main, ["run", str(h200 / "paper-gpu.toml"), "--out", str(run), "--resume"])
+    assert r.exit_code == 0, r.output
+    assert "bench: skipped: measured on NVIDIA H200" in r.output and "predict: done" in r.output
+    after = load_run(run)
+    assert "h200" in set(after.predictions["gpu"]) and (run / "report.html").is_file()
+    assert {p.name: p.read_text() for p in (run / "points").rglob("*.json")} == before
+    assert r.output.rstrip().splitlines()[-1].startswith("the answer: h200: use tbe")

@@ -25,6 +25,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import pandas as pd
 
+from characterize.analysis.claims import measured_claims
 from characterize.analysis.compare import speedups
 from characterize.analysis.model.predict import primary_predictions
 from characterize.analysis.model.validation_error import model_error
@@ -49,7 +50,10 @@ COLUMNS: dict[str, str] = {
     **{f"speedup_vs_{r}{end}": f"{r}'s time over the best's{what} (x; NaN without a {r} row)"
        for r in REFERENCES for end, what in (("", ""), ("_low", ", low end of the band"),
                                              ("_high", ", high end of the band"))},
+    "batch_us": "its time per batch of every table (us): time_us x T",
     "bound": "what limits the best variant: latency, dram, l2, l1, issue (model), or host link",
+    "bound_why": "the bound in numbers: ncu's share of peak (and of the device's copy bandwidth for DRAM) or "
+                 "the top stall reason; the model's term otherwise",
     "bound_source": "where the bound comes from: model (predictions.csv) or ncu (the profile)",
     "close": "other variants whose time lies inside the best's band (not distinguishable from it)",
     "e2e_speedup": "base's DLRM inference step over the best variant's (x; e2e.csv; NaN without it)",
@@ -88,6 +92,8 @@ class Answer:
     validation: ModelValidation | None = None
     claims: tuple[int, int] | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    #: the paper's claims on the measured GPU (analysis.claims.measured_claims), empty without timings
+    measured_claims: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     @property
     def empty(self) -> bool:
@@ -122,12 +128,14 @@ class Answer:
         refs = self.references()
         e2e = "e2e_speedup" in self.rows.columns and self.rows["e2e_speedup"].notna().any()
         for r in self.rows.to_dict("records"):
-            row = {"GPU": str(r["gpu"]), "dataset": str(r["dataset"]), "best": str(r["best"])}
+            row = {"GPU": str(r["gpu"]), "dataset": str(r["dataset"]), "best": str(r["best"]),
+                   "us/table": _us(r.get("time_us")), "us/batch": _us(r.get("batch_us"))}
             for ref in refs:
                 row[f"vs {ref}"] = _speedup(r, ref)
             bound = "" if _nan_or_empty(r.get("bound")) else str(r["bound"])
-            row["bound"] = (bound or "–") + (" (model)" if bound and r.get("bound_source") == "model"
-                                             and r["source"] == "measured" else "")
+            why = "" if _nan_or_empty(r.get("bound_why")) else str(r["bound_why"])
+            row["bound"] = (why or bound or "–") + (" (model)" if bound and r.get("bound_source") == "model"
+                                                    and r["source"] == "measured" else "")
             if e2e:
                 row["end to end"] = band_text(r.get("e2e_speedup"))
             row["as fast within the band"] = str(r.get("close") or "–")
@@ -162,8 +170,22 @@ class Answer:
                 picks.append(f"{r['dataset']}: {r['best']}" + (f" ({vs})" if vs else ""))
             out.append(f"{gpu}: " + "; ".join(picks))
         out.append(self.how())
+        out += self.claim_lines()
         out += list(self.notes)
         return out
+
+    def claim_lines(self) -> list[str]:
+        """The paper's claims on the measured GPU, one sentence each: reproduced or not."""
+        out = []
+        for r in self.measured_claims.to_dict("records"):
+            verdict = "reproduced" if r["reproduced"] else "not reproduced"
+            out.append(f"paper's claim on {r['gpu']}, {r['claim']}: {r['paper']} on an A100, measured {r['measured']}: "
+                       f"{verdict}")
+        return out
+
+
+def _us(x: Any) -> str:
+    return "–" if _nan(x) else f"{float(x):,.1f}"
 
 
 def _speedup(row: dict, ref: str) -> str:
@@ -289,7 +311,48 @@ def _predicted_rows(pred: pd.DataFrame, gpus: Sequence[str] | None) -> list[dict
 
 
 # ------------------------------------------------------------------- measured
-def _measured_rows(bench: pd.DataFrame, gpu: str, pred: pd.DataFrame) -> list[dict[str, Any]]:
+def ncu_bounds(summary: pd.DataFrame, copy_fraction: float | None = None) -> dict[tuple[str, str], tuple[str, str]]:
+    """(variant, dataset) -> (bound, why in numbers) of the profiled lookup kernels
+    (analysis.ncu.kernel_summary rows; the L2 pre-pass left out): DRAM or L2 with its share of
+    peak (DRAM also of the device's copy bandwidth, `copy_fraction` of peak), issue with the
+    SMs' share, or latency with the stall reason that holds the warps most."""
+    if summary.empty or not {"variant", "dataset", "bound"} <= set(summary.columns):
+        return {}
+    k = summary
+    name = next((c for c in ("function", "kernel_name") if c in k.columns), None)
+    if name:
+        k = k[~k[name].fillna("").astype(str).str.contains("l2_pin")]
+    stalls = [c for c in k.columns if c.startswith("stall_") and c != "stall_selected"]
+    out = {}
+    for (v, d), g in k.groupby(["variant", "dataset"]):
+        m = g.mean(numeric_only=True)
+        bound = str(g["bound"].mode().iloc[0])
+        dram, l2, sm = (float(m.get(c, np.nan)) for c in ("dram_throughput_pct", "l2_throughput_pct",
+                                                            "sm_throughput_pct"))
+        if bound.startswith("memory"):
+            dram_text = "" if _nan(dram) else f"DRAM {dram:.0f}% of peak" + (
+                f" ({dram / copy_fraction:.0f}% of the copy bandwidth)" if copy_fraction else "")
+            l2_text = "" if _nan(l2) else f"L2 {l2:.0f}%"
+            if "DRAM" in bound or (not _nan(dram) and (_nan(l2) or dram >= l2)):
+                out[(str(v), str(d))] = ("dram", ", ".join(t for t in (dram_text, l2_text and l2_text + " of peak")
+                                                           if t))
+            else:
+                out[(str(v), str(d))] = ("l2", ", ".join(t for t in (l2_text and l2_text + " of peak", dram_text)
+                                                         if t))
+        elif bound.startswith("compute"):
+            out[(str(v), str(d))] = ("issue", f"SMs {sm:.0f}% of peak")
+        elif stalls:
+            shares = m[stalls].astype(float)
+            total = float(shares.sum())
+            top = shares.idxmax() if total > 0 else None
+            why = (f"latency: {top.removeprefix('stall_').replace('_', ' ')} {100 * shares[top] / total:.0f}% of "
+                   "stalls") if top else "latency"
+            out[(str(v), str(d))] = ("latency", why)
+    return out
+
+
+def _measured_rows(bench: pd.DataFrame, gpu: str, pred: pd.DataFrame,
+                   profiled: dict[tuple[str, str], tuple[str, str]] | None = None) -> list[dict[str, Any]]:
     s = speedups(bench, "steady", against=REFERENCES)
     if s.empty:
         return []
@@ -299,6 +362,7 @@ def _measured_rows(bench: pd.DataFrame, gpu: str, pred: pd.DataFrame) -> list[di
         if "mode" in pg.columns:
             pg = pg[pg["mode"] == "steady"]
         bounds = {(v, d): b for v, d, b in zip(pg["variant"], pg["dataset"], pg["bound"])}
+    profiled = profiled or {}
     rows = []
     for ds, d in s.groupby("dataset", sort=False):
         d = d.assign(time_us=d["latency_us"], time_us_low=d["latency_us"] - d["latency_ci95_us"],
@@ -309,8 +373,11 @@ def _measured_rows(bench: pd.DataFrame, gpu: str, pred: pd.DataFrame) -> list[di
         b = _pick(cand)
         row = {"gpu": gpu, "dataset": ds, "dtype": "", "source": "measured", "best": b["variant"],
                "time_us": b["time_us"], "time_us_low": b["time_us_low"], "time_us_high": b["time_us_high"],
-               "bound": bounds.get((b["variant"], ds), ""), "bound_source": "model" if bounds else "",
-               "close": _close(cand, b)}
+               "bound": bounds.get((b["variant"], ds), ""), "bound_why": "",
+               "bound_source": "model" if bounds else "", "close": _close(cand, b)}
+        if (b["variant"], ds) in profiled:
+            row["bound"], row["bound_why"] = profiled[(b["variant"], ds)]
+            row["bound_source"] = "ncu"
         for ref in REFERENCES:
             x, ci = b.get(f"speedup_vs_{ref}", np.nan), b.get(f"speedup_vs_{ref}_ci95", np.nan)
             row[f"speedup_vs_{ref}"] = x
@@ -350,7 +417,8 @@ def _ordered(rows: pd.DataFrame, gpus: Sequence[str]) -> pd.DataFrame:
 def answer(predictions: pd.DataFrame | None = None, bench: pd.DataFrame | None = None,
            e2e: pd.DataFrame | None = None, *, gpu: str | None = None, dtype: str | None = None,
            validation: ModelValidation | None = None, model_validation: pd.DataFrame | None = None,
-           gpus: Iterable[str] | None = None) -> Answer:
+           gpus: Iterable[str] | None = None, tables: int | None = None,
+           profiled: dict[tuple[str, str], tuple[str, str]] | None = None) -> Answer:
     """The best variant per dataset and GPU, with its speedups and bands (see COLUMNS).
 
     predictions: predictions.csv rows (the workload's precision `dtype` is kept, or the
@@ -359,21 +427,24 @@ def answer(predictions: pd.DataFrame | None = None, bench: pd.DataFrame | None =
     the end-to-end effect; validation: the model's error on measurements it was not
     fitted to (None: said to be not yet validated); model_validation: the model against
     the paper's claims (model_validation.csv), counted in the answer's `claims`; gpus:
-    which GPUs to answer for, in this order (default: all, the measured one first)."""
+    which GPUs to answer for, in this order (default: all, the measured one first); tables:
+    T, for the time per batch; profiled: the bound of each profiled (variant, dataset) from
+    ncu (ncu_bounds), which a measured row states instead of the model's."""
     pred = primary_predictions(predictions, dtype) if predictions is not None and not predictions.empty \
         else pd.DataFrame()
     rows: list[dict[str, Any]] = []
     measured_gpu = None
     if bench is not None and not bench.empty and "status" in bench.columns and gpu:
-        rows += _measured_rows(bench[bench["status"] == "ok"], gpu, pred)
+        rows += _measured_rows(bench[bench["status"] == "ok"], gpu, pred, profiled)
         measured_gpu = gpu if rows else None
     wanted = list(gpus) if gpus is not None else None
     predicted = _predicted_rows(pred, wanted)
     rows += [r for r in predicted if r["gpu"] != measured_gpu]
-    columns = ["gpu", "dataset", "dtype", "source", "best", "time_us", "time_us_low", "time_us_high",
-               *[f"speedup_vs_{r}{e}" for r in REFERENCES for e in ("", "_low", "_high")], "bound", "bound_source",
-               "close"]
+    columns = ["gpu", "dataset", "dtype", "source", "best", "time_us", "time_us_low", "time_us_high", "batch_us",
+               *[f"speedup_vs_{r}{e}" for r in REFERENCES for e in ("", "_low", "_high")], "bound", "bound_why",
+               "bound_source", "close"]
     frame = pd.DataFrame(rows, columns=columns)
+    frame["batch_us"] = frame["time_us"] * tables if tables else np.nan
     if not frame.empty:
         frame["dtype"] = frame["dtype"].replace("", pred["dtype"].iloc[0] if "dtype" in pred.columns and len(pred)
                                                 else "")
@@ -391,7 +462,8 @@ def answer(predictions: pd.DataFrame | None = None, bench: pd.DataFrame | None =
         for v, n in dict.fromkeys(zip(refs["variant"], refs["note"].astype(object).fillna(""))):
             if n:
                 notes.append(f"{v}: {n}")
-    return Answer(frame, validation or stored_validation(), claims, tuple(notes))
+    measured = measured_claims(bench, measured_gpu) if measured_gpu and bench is not None else pd.DataFrame()
+    return Answer(frame, validation or stored_validation(), claims, tuple(notes), measured)
 
 
 def stored_validation() -> ModelValidation | None:
@@ -412,5 +484,16 @@ def answer_run(run: Any, validation: ModelValidation | None = None) -> Answer:
     emulated = meta.get("backend") == "emulate" or any(p.get("backend") == "emulate" for p in run.points("bench"))
     dtype = ((meta.get("experiment") or {}).get("workload") or {}).get("dtype")
     bench = None if emulated else run.bench
+    workload = (meta.get("experiment") or {}).get("workload") or {}
+    profiled = {}
+    if not emulated and gpu and run.points("profile"):
+        from characterize.analysis.ncu import kernel_summary
+        from characterize.hardware.specs import gpu_spec
+
+        try:
+            copy = gpu_spec(gpu).hbm_efficiency
+        except Exception:   # a GPU the spec table lacks: no copy ceiling to state
+            copy = None
+        profiled = ncu_bounds(kernel_summary(run.metrics), copy)
     return answer(run.predictions, bench, run.e2e, gpu=gpu, dtype=dtype, validation=validation,
-                  model_validation=run.model_validation)
+                  model_validation=run.model_validation, tables=workload.get("T"), profiled=profiled)

@@ -76,3 +76,45 @@ def paper_claims(workload: WorkloadConfig | None = None, gpu: str | GpuSpec = CL
 
 def _row(key: str, paper: str, model: str, agrees: bool) -> dict[str, Any]:
     return {"claim": PAPER_CLAIMS[key].what, "paper": paper, "model": model, "agrees": agrees}
+
+
+# ----------------------------------------------------- the claims, measured
+def measured_claims(bench: pd.DataFrame, gpu: str, mode: str = "steady") -> pd.DataFrame:
+    """The paper's claims on a run's own GPU, from its timings: per claim the paper's figure,
+    the measured one (the best dataset for an "up to" claim) and whether it is reproduced
+    (within 25% of the paper's gain, as the model's check) or not on this GPU. Reproducing
+    an A100 claim on another GPU is a result either way. Rows only for claims whose
+    variants the run timed. Columns: claim, paper, measured, reproduced, gpu."""
+    if bench.empty or not {"variant", "dataset", "per_table_us"} <= set(bench.columns):
+        return pd.DataFrame(columns=["claim", "paper", "measured", "reproduced", "gpu"])
+    b = bench[bench.get("status", pd.Series("ok", index=bench.index)) == "ok"]
+    if "mode" in b.columns:
+        b = b[b["mode"] == mode]
+    t = b.pivot_table(index="dataset", columns="variant", values="per_table_us", aggfunc="mean")
+
+    def close(measured: float, paper: float) -> bool:
+        return abs((measured - 1) / (paper - 1) - 1) <= 0.25
+
+    C, rows = PAPER_CLAIMS, []
+    if "base" in t.columns and {"random", "one-item"} <= set(t.index):
+        slow = float(t.loc["random", "base"] / t.loc["one-item", "base"])
+        rows.append(_measured("random_vs_one_item", "up to 3.2x", f"{slow:.2f}x", close(slow, 3.2)))
+    for key, paper in (("optmt", "up to +53%"), ("combined", "up to +103%")):
+        if {"base", key} <= set(t.columns):
+            gain = (t["base"] / t[key]).dropna()
+            if len(gain):
+                ds, g = str(gain.idxmax()), float(gain.max())
+                rows.append(_measured(key, paper, f"+{100 * (g - 1):.0f}% ({ds})", close(g, C[key].ratio)))
+    hot = [d for d in reversed(HOTNESS_ORDER) if d != "one-item" and d in t.index]
+    if {"base", "l2p"} <= set(t.columns) and len(hot) >= 2:
+        gains = [float(t.loc[d, "base"] / t.loc[d, "l2p"]) for d in hot]
+        rows.append(_measured("l2p_hotness", C["l2p_hotness"].text,
+                              ", ".join(f"{d} {g:.2f}x" for d, g in zip(hot, gains)),
+                              all(b2 >= a - 0.01 for a, b2 in zip(gains, gains[1:]))))
+    out = pd.DataFrame(rows, columns=["claim", "paper", "measured", "reproduced"])
+    out["gpu"] = gpu
+    return out
+
+
+def _measured(key: str, paper: str, measured: str, reproduced: bool) -> dict[str, Any]:
+    return {"claim": PAPER_CLAIMS[key].what, "paper": paper, "measured": measured, "reproduced": reproduced}

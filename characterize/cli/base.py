@@ -300,14 +300,16 @@ def print_rows(rows: list[dict], columns: list[str] | None = None, floatfmt: str
 
 
 def print_answer(a: Any, title: str = "the answer") -> None:
-    """The answer (analysis.answer.Answer) as `run` and `predict` end with it: which variant
-    per GPU and dataset, its speedups with their bands, what limits it, and how sure."""
+    """The answer (analysis.answer.Answer) as `run` and `predict` end with it: per GPU and
+    dataset the variant, its time and speedups with their bands and what limits it, the
+    paper's claims on the measured GPU, how sure, and last the one sentence to act on (the
+    provenance notes are in the run directory and the report, not in the terminal's tail)."""
+    if not a.empty:
+        click.echo("")
+        print_rows(a.display_rows())
+        for line in (*a.claim_lines(), a.how()):
+            click.echo(line)
     click.echo(f"\n{title}: {a.summary()}")
-    if a.empty:
-        return
-    print_rows(a.display_rows())
-    for line in (a.how(), *a.notes):
-        click.echo(line)
 
 
 # ---------------------------------------------------------------- progress

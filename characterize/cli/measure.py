@@ -264,11 +264,9 @@ def run_cmd(experiment: str, out: Path | None, resume: bool, remeasure: bool, nc
         print_rows(r.locality.to_dict("records"), ["dataset", "lookups", "unique_rows", *cov, "reuse_p50",
                                                    "reuse_p90"], fractions=cov)
     echo("\nsteps: " + "; ".join(f"{k}: {v.splitlines()[0]}" for k, v in outcome.steps.items()))
-    print_answer(answer_run(r))
-    echo(f"\nrun directory: {outcome.path}")
-    if outcome.report:
-        echo(f"report: {outcome.report}")
+    echo(f"run directory: {outcome.path}" + (f"; report: {outcome.report}" if outcome.report else ""))
     echo_err(f"finished in {time.perf_counter() - start:.1f} s")
+    print_answer(answer_run(r))   # last: what to use
     failed = {k: v.removeprefix("failed: ").splitlines()[0] for k, v in outcome.steps.items() if v.startswith("failed")}
     cut = [k for k, v in outcome.steps.items() if v.startswith("cut")]
     if cut and not failed:

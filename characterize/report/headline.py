@@ -48,9 +48,12 @@ def run_box(s: RunSource, validation: ModelValidation | None = None) -> AnswerBo
     box.table = TableBlock(columns, [[_cell(c, r[c]) for c in columns] for r in rows],
                            caption="The fastest variant per dataset: its speedup over each reference with the band "
                                    "in brackets, what limits it, and the whole DLRM inference step",
-                           note="vs X: X's time per table launch over the best variant's (> 1: faster), from X's own "
-                                "row; as fast within the band: variants whose time lies inside the best one's band")
-    box.sentences = [a.summary(), a.how(), *a.notes]
+                           note="us/table: the best variant's time per table (a launch covering every table: its "
+                                "time / T); us/batch: every table of a batch; vs X: X's time per table over the best "
+                                "variant's (> 1: faster), from X's own row; bound: ncu's share of peak where the point "
+                                "was profiled, else the model's term; as fast within the band: variants whose time "
+                                "lies inside the best one's band")
+    box.sentences = [a.summary(), a.how(), *a.claim_lines(), *a.notes]
     if s.emulated:
         box.sentences.append("The run's timings are CPU emulation: they check the harness and never answer this "
                              "question, so the answer above is the model's.")

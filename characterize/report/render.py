@@ -16,6 +16,7 @@ from characterize import __version__
 from characterize.analysis.answer import ModelValidation
 from characterize.analysis.compare import check_pairs
 from characterize.errors import CharacterizeError, ReportError
+from characterize.store import MergedRun, Run, load_run, same_experiment
 from characterize.files import check_output, write_atomic
 from characterize.report.blocks import Cell, Missing, NoteBlock, TableBlock
 from characterize.report.headline import answer_boxes
@@ -182,7 +183,7 @@ def build_report(sources: Any, *, title: str | None = None, strict: bool = False
     items = list(sources) if isinstance(sources, (list, tuple)) else [sources]
     if not items:
         raise ReportError("nothing to report: give at least one run directory or report file")
-    srcs = [open_source(s, i) for i, s in enumerate(items, 1)]
+    srcs = [open_source(s, i) for i, s in enumerate(merged(items), 1)]
     _distinct_labels(srcs)
     if pairs and compare and len(srcs) > 1:   # a --pair that names no kernel is said, not ignored
         check_pairs(pairs, [srcs[0].kview], [s.kview for s in srcs[1:]], srcs[0].label,
@@ -212,6 +213,30 @@ def build_report(sources: Any, *, title: str | None = None, strict: bool = False
         "answers": answers, "sources": rendered, "comparisons": comparisons, "provenance": [PROVENANCE[k] for k in used],
         "version": __version__, "matplotlib": matplotlib.__version__, "css": (TEMPLATES / "report.css").read_text(),
     }
+
+
+def merged(items: Sequence[Any]) -> list[Any]:
+    """The sources with the runs of one experiment on one GPU merged into one run (store.
+    MergedRun: a bench from one run, a profile from another, predictions added elsewhere),
+    where the first of them stood; report files and other runs as given."""
+    out: list[Any] = []
+    runs: list[tuple[int, Run]] = []
+    for item in items:
+        run = item if isinstance(item, Run) else load_run(item) if Path(item).is_dir() else None
+        if run is None:
+            out.append(item)
+            continue
+        home = next((i for i, r in runs if same_experiment(r if not isinstance(r, MergedRun) else r.parts[0], run)),
+                    None)
+        if home is None:
+            runs.append((len(out), run))
+            out.append(run)
+        else:
+            first = out[home]
+            parts = first.parts if isinstance(first, MergedRun) else [first]
+            out[home] = MergedRun([*parts, run])
+            runs = [(i, out[home] if i == home else r) for i, r in runs]
+    return out
 
 
 def _distinct_labels(srcs: list[Any]) -> None:

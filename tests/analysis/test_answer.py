@@ -143,3 +143,41 @@ def test_the_committed_run_s_answer_matches_its_predictions():
     # a predicted answer says how the model did on public measurements it was not fitted to
     assert a.validation is not None and a.validation.n >= 10 and "GMAE" in a.how()
     assert "nan" not in "\n".join(a.lines()).lower()
+
+
+# ------------------------------------------------ measured on our H200 (profiles/h200)
+H200 = Path(__file__).resolve().parents[2] / "profiles" / "h200"
+
+
+def test_a_bench_and_a_profile_of_one_experiment_read_as_one_run_and_one_answer():
+    """The first H200 run's bench (paper-gpu) and the profile made apart (paper-gpu-profile)
+    merge into one run: every bench point, the profile points of both, the answer measured,
+    its time per table and per batch, and where the best point was profiled, its bound from
+    ncu in numbers (share of peak, and of the device's copy bandwidth for DRAM)."""
+    from characterize.analysis.answer import answer_run
+    from characterize.store import MergedRun, load_runs
+
+    (run,) = load_runs([H200 / "paper-gpu", H200 / "paper-gpu-profile"])
+    assert isinstance(run, MergedRun) and len(run.points("bench")) == 45
+    assert {(p["variant"], p["dataset"]) for p in run.points("profile")} >= {("tbe", "random"), ("warp", "random"),
+                                                                              ("base", "medium")}
+    a = answer_run(run)
+    random = a.rows.set_index("dataset").loc["random"]
+    assert random["source"] == "measured" and random["best"] == "tbe" and random["bound_source"] == "ncu"
+    assert random["batch_us"] == pytest.approx(12 * random["time_us"])
+    assert "DRAM 83% of peak (95% of the copy bandwidth)" in random["bound_why"] and "L2 91%" in random["bound_why"]
+    shown = a.display_rows()[-1]
+    assert shown["us/table"] == "40.1" and shown["us/batch"] == "480.9"
+
+
+def test_the_papers_claims_are_checked_on_the_measured_gpu():
+    """OptMT bought 2% on the H200 (against "up to +53%" on the paper's A100): said, not hidden."""
+    from characterize.analysis.answer import answer_run
+    from characterize.store import load_run
+
+    a = answer_run(load_run(H200 / "paper-gpu"))
+    claims = a.measured_claims.set_index("claim")
+    optmt = claims.loc["OptMT (register cap) speedup over base"]
+    assert optmt["measured"].startswith("+2%") and not optmt["reproduced"] and optmt["gpu"] == "h200"
+    assert claims.loc["combined (rpf + l2p, capped) speedup over base", "measured"].startswith("+65%")
+    assert any("not reproduced" in line and "OptMT" in line for line in a.lines())
