@@ -42,7 +42,7 @@ COLUMNS: dict[str, str] = {
     "gpu": "GPU (hardware.specs key) the row is about",
     "dataset": "hotness preset or trace file",
     "dtype": "table element type",
-    "source": "measured (CUDA events on a GPU) or predicted (the model)",
+    "source": "measured (CUDA events on a GPU), ncu (a profiled run's kernel durations) or predicted (the model)",
     "best": "the fastest variant on this dataset and GPU",
     "time_us": "its time per table (us): measured mean or predicted (a launch covering every table: its time / T)",
     "time_us_low": "fast end of its band (us): 95% CI when measured, the model's band when predicted",
@@ -108,6 +108,9 @@ class Answer:
         parts = []
         if "measured" in self.sources:
             parts.append("MEASURED with CUDA events on the GPU (band: 95% confidence interval)")
+        if "ncu" in self.sources:
+            parts.append("MEASURED by Nsight Compute's kernel durations (the run was profiled, not benched: one "
+                         "launch under the profiler, no confidence interval)")
         if "predicted" in self.sources:
             text = "PREDICTED by the model, not measured (band: what the model's constants allow)"
             text += "; " + (self.validation.sentence() if self.validation else NOT_VALIDATED)
@@ -387,6 +390,53 @@ def _measured_rows(bench: pd.DataFrame, gpu: str, pred: pd.DataFrame,
     return rows
 
 
+def ncu_times(summary: pd.DataFrame, tables: int | None) -> pd.DataFrame:
+    """Per (variant, dataset) the lookup kernel's ncu duration per table (us; the L2 pre-pass
+    left out, as bench times it apart; a batched launch's duration / `tables`): what a run
+    that was profiled but not benched answers from. Columns: variant, dataset, time_us."""
+    if summary.empty or not {"variant", "dataset", "duration_ns"} <= set(summary.columns):
+        return pd.DataFrame(columns=["variant", "dataset", "time_us"])
+    from characterize.kernels.registry import get_variant
+
+    k = summary
+    name = next((c for c in ("function", "kernel_name") if c in k.columns), None)
+    if name:
+        k = k[~k[name].fillna("").astype(str).str.contains("l2_pin")]
+    t = k.groupby(["variant", "dataset"])["duration_ns"].mean().reset_index()
+
+    def per_table(v: str) -> int:
+        try:
+            return int(tables or 1) if get_variant(v).batched else 1
+        except Exception:   # a kernel of one's own no longer registered: one table per launch
+            return 1
+
+    t["time_us"] = t["duration_ns"] / 1e3 / t["variant"].map(per_table)
+    return t[["variant", "dataset", "time_us"]]
+
+
+def _ncu_rows(times: pd.DataFrame, gpu: str, profiled: dict[tuple[str, str], tuple[str, str]]
+              ) -> list[dict[str, Any]]:
+    """Answer rows from ncu's durations (a profile-only run): the fastest variant per dataset,
+    its speedups from the references' own durations, its bound from the same profile."""
+    rows = []
+    for ds, d in times.groupby("dataset", sort=False):
+        d = d.assign(time_us_low=d["time_us"], time_us_high=d["time_us"])
+        cand = _candidates(d)
+        if cand.empty:
+            continue
+        b = _pick(cand)
+        bound, why = profiled.get((b["variant"], ds), ("", ""))
+        row = {"gpu": gpu, "dataset": ds, "dtype": "", "source": "ncu", "best": b["variant"], "time_us": b["time_us"],
+               "time_us_low": np.nan, "time_us_high": np.nan, "bound": bound, "bound_why": why,
+               "bound_source": "ncu" if bound else "", "close": ""}
+        ref_t = dict(zip(d["variant"], d["time_us"]))
+        for ref in REFERENCES:
+            x = ref_t[ref] / b["time_us"] if ref in ref_t and b["time_us"] > 0 else np.nan
+            row[f"speedup_vs_{ref}"], row[f"speedup_vs_{ref}_low"], row[f"speedup_vs_{ref}_high"] = x, np.nan, np.nan
+        rows.append(row)
+    return rows
+
+
 # --------------------------------------------------------------------- answer
 def _with_e2e(rows: pd.DataFrame, e2e: pd.DataFrame | None) -> pd.DataFrame:
     rows = rows.assign(e2e_speedup=np.nan, embedding_share=np.nan)
@@ -418,7 +468,8 @@ def answer(predictions: pd.DataFrame | None = None, bench: pd.DataFrame | None =
            e2e: pd.DataFrame | None = None, *, gpu: str | None = None, dtype: str | None = None,
            validation: ModelValidation | None = None, model_validation: pd.DataFrame | None = None,
            gpus: Iterable[str] | None = None, tables: int | None = None,
-           profiled: dict[tuple[str, str], tuple[str, str]] | None = None) -> Answer:
+           profiled: dict[tuple[str, str], tuple[str, str]] | None = None,
+           durations: pd.DataFrame | None = None) -> Answer:
     """The best variant per dataset and GPU, with its speedups and bands (see COLUMNS).
 
     predictions: predictions.csv rows (the workload's precision `dtype` is kept, or the
@@ -429,13 +480,18 @@ def answer(predictions: pd.DataFrame | None = None, bench: pd.DataFrame | None =
     the paper's claims (model_validation.csv), counted in the answer's `claims`; gpus:
     which GPUs to answer for, in this order (default: all, the measured one first); tables:
     T, for the time per batch; profiled: the bound of each profiled (variant, dataset) from
-    ncu (ncu_bounds), which a measured row states instead of the model's."""
+    ncu (ncu_bounds), which a measured row states instead of the model's; durations: ncu's
+    per-table durations (ncu_times), which answer for `gpu` when there are no timings (a run
+    profiled but not benched; source "ncu")."""
     pred = primary_predictions(predictions, dtype) if predictions is not None and not predictions.empty \
         else pd.DataFrame()
     rows: list[dict[str, Any]] = []
     measured_gpu = None
     if bench is not None and not bench.empty and "status" in bench.columns and gpu:
         rows += _measured_rows(bench[bench["status"] == "ok"], gpu, pred, profiled)
+        measured_gpu = gpu if rows else None
+    if not rows and durations is not None and not durations.empty and gpu:
+        rows += _ncu_rows(durations, gpu, profiled or {})
         measured_gpu = gpu if rows else None
     wanted = list(gpus) if gpus is not None else None
     predicted = _predicted_rows(pred, wanted)
@@ -494,6 +550,11 @@ def answer_run(run: Any, validation: ModelValidation | None = None) -> Answer:
             copy = gpu_spec(gpu).hbm_efficiency
         except Exception:   # a GPU the spec table lacks: no copy ceiling to state
             copy = None
-        profiled = ncu_bounds(kernel_summary(run.metrics), copy)
+        summary = kernel_summary(run.metrics)
+        profiled = ncu_bounds(summary, copy)
+        durations = ncu_times(summary, workload.get("T"))
+    else:
+        durations = None
     return answer(run.predictions, bench, run.e2e, gpu=gpu, dtype=dtype, validation=validation,
-                  model_validation=run.model_validation, tables=workload.get("T"), profiled=profiled)
+                  model_validation=run.model_validation, tables=workload.get("T"), profiled=profiled,
+                  durations=durations)

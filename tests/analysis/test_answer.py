@@ -181,3 +181,16 @@ def test_the_papers_claims_are_checked_on_the_measured_gpu():
     assert optmt["measured"].startswith("+2%") and not optmt["reproduced"] and optmt["gpu"] == "h200"
     assert claims.loc["combined (rpf + l2p, capped) speedup over base", "measured"].startswith("+65%")
     assert any("not reproduced" in line and "OptMT" in line for line in a.lines())
+
+
+def test_a_run_profiled_but_not_benched_answers_from_ncus_durations():
+    """paper-gpu-profile holds ncu reports of torch, warp, combined, rpf and l2p on random and no
+    timings: the answer comes from the kernels' durations per table, said to be ncu's."""
+    from characterize.analysis.answer import answer_run
+    from characterize.store import load_run
+
+    a = answer_run(load_run(H200 / "paper-gpu-profile"))
+    row = a.rows.set_index("dataset").loc["random"]
+    assert row["source"] == "ncu" and row["best"] == "warp" and 40 < row["time_us"] < 43
+    assert row["speedup_vs_torch"] == pytest.approx(2.28, abs=0.02) and "L2 81% of peak" in row["bound_why"]
+    assert "Nsight Compute's kernel durations" in a.how()

@@ -448,3 +448,14 @@ def test_tbe_tables_in_flight_share_the_l2():
     assert got[1].loc["medium", "l2_hit_rate_pct"] > got[12].loc["medium", "l2_hit_rate_pct"] + 10
     assert got[1].loc["medium", "time_us"] < 0.9 * got[12].loc["medium", "time_us"]
     assert got[1].loc["random", "time_us"] == pytest.approx(got[12].loc["random", "time_us"], rel=0.05)
+
+
+def test_the_precision_grid_compares_per_table():
+    """tbe's one launch covers every table: the grid takes its time per table, so it reads as
+    faster than base (as the answer says), not 12 times slower."""
+    wl = WorkloadConfig(T=12, E=50_000, D=128, B=512, L=40, batches=2)
+    rows = [MP.predict(wl.replace(dtype=dt), ["medium"], ["base", "tbe"], ["h100-sxm"], static=static(),
+                       sass=sass()) for dt in ("fp32", "fp16")]
+    grid = MP.precision_grid(pd.concat(rows, ignore_index=True)).set_index(["dtype", "variant"])
+    assert grid.loc[("fp32", "base"), "speedup_vs_fp32_base"] == pytest.approx(1.0)
+    assert grid.loc[("fp32", "tbe"), "speedup_vs_fp32_base"] > 1.5

@@ -188,10 +188,11 @@ def primary_predictions(pred: pd.DataFrame, dtype: str | None = None, cache_rati
 
 def precision_grid(pred: pd.DataFrame, reference: str = "fp32") -> pd.DataFrame:
     """Predicted speedup of each (dtype, variant) over `reference`-precision base, per GPU:
-    the geometric mean over datasets of base's time at the reference precision over the
-    variant's time at its own (steady mode; GPU-resident variants). Columns: gpu, dtype,
-    variant, speedup_vs_fp32_base, datasets (how many entered the mean). Empty when the
-    predictions hold one precision only or none at the reference."""
+    the geometric mean over datasets of base's time per table at the reference precision over
+    the variant's per table at its own (steady mode; GPU-resident variants; a launch covering
+    every table counts its time / T). Columns: gpu, dtype, variant, speedup_vs_fp32_base,
+    datasets (how many entered the mean). Empty when the predictions hold one precision only
+    or none at the reference."""
     cols = ["gpu", "dtype", "variant", "speedup_vs_fp32_base", "datasets"]
     need = {"variant", "dtype", "dataset", "gpu", "time_us"}
     if pred.empty or not need <= set(pred.columns) or pred["dtype"].nunique() < 2:
@@ -199,6 +200,9 @@ def precision_grid(pred: pd.DataFrame, reference: str = "fp32") -> pd.DataFrame:
     p = pred[pred["mode"] == "steady"] if "mode" in pred.columns else pred
     if "cache_ratio" in p.columns:
         p = p[p["cache_ratio"].isna()]      # host-resident rows have their own panels
+    per = pd.to_numeric(p["tables_per_launch"], errors="coerce").fillna(1).clip(lower=1) \
+        if "tables_per_launch" in p.columns else 1
+    p = p.assign(time_us=p["time_us"] / per)   # per table: a batched launch's time / the tables it covers
     ref = p[(p["variant"] == "base") & (p["dtype"] == reference)].set_index(["dataset", "gpu"])["time_us"]
     if ref.empty:
         return pd.DataFrame(columns=cols)
