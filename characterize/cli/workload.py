@@ -119,6 +119,10 @@ def workload_stats(source: str, E: int | None, top_k: tuple[int, ...], gpu: str,
     echo(f"  reuse distance     {q}  (distinct rows between re-reads)" if q else
                "  reuse distance     none: no row is read twice, so there is no reuse to measure")
     echo(f"  first reads        {stats.cold_fraction:.1%} of lookups")
+    if source_is_file(source) and str(source).lower().endswith(".npz"):
+        from characterize.workloads.traces import npz_layout
+
+        echo_err(f"read from {npz_layout(source)}")
     if res.view == "file" and source_is_file(source):
         echo_err("the file as it is; --as-consumed shows what the bench reads of it (batches x B x L, circularly)")
     echo_err(f"analyzed in {elapsed:.2f} s")

@@ -10,6 +10,7 @@ lookups the workload takes are kept, so a trace larger than RAM still works.
 from __future__ import annotations
 
 import os
+import re
 import stat
 import warnings
 import zipfile
@@ -455,18 +456,42 @@ def _npz_contents(p: Path) -> tuple[list[tuple[np.ndarray, np.ndarray, int]] | N
                 offs = np.concatenate([offs, [len(idx)]])
             ntab = len(z["lengths"]) if "lengths" in keys and z["lengths"].ndim == 2 else 1
             return _split_bagged(idx, offs, ntab, p), []
+        bags = [k for k in keys if _BAG_LIKE.fullmatch(k)]
+        if bags:
+            raise WorkloadError(f"{p}: keys {', '.join(escape_text(k) for k in keys)}: {', '.join(bags)} look like bag "
+                                "offsets or lengths, but a bagged trace names them indices with offsets and/or "
+                                "lengths (the dlrm_datasets layout); without those names every array would be read "
+                                "as one table's indices. Rename the arrays (np.savez(f, indices=..., offsets=...))")
         arrays = [_as_int_array(z[k], p, k).reshape(-1) for k in sorted(keys)]
     if not arrays:
         raise WorkloadError(f"{p}: the archive holds no arrays")
     return None, arrays
 
 
+#: .npz keys that name bags, not indices: refused unless the layout's own names (offsets, lengths) are used
+_BAG_LIKE = re.compile(r"(?i)(off|offs|offset|offsets_?\w*|len|lens|length|lengths_?\w*|bag_?sizes?|bags?|"
+                       r"per_sample_weights)")
+
+
 def _load_npz(p: Path, config: WorkloadConfig, rows: int | None, T: int) -> Dataset:
     parts, arrays = _npz_contents(p)
     if parts is not None:
-        return _bagged_to_dataset(parts[:T], p, config, rows)
-    streams = [(len(a), lambda a=a: iter([a])) for a in arrays]
-    return _streams_to_dataset(streams, p, config, rows, T)
+        ds = _bagged_to_dataset(parts[:T], p, config, rows)
+    else:
+        ds = _streams_to_dataset([(len(a), lambda a=a: iter([a])) for a in arrays], p, config, rows, T)
+    ds.description += f" ({npz_layout(p)})"
+    return ds
+
+
+def npz_layout(path: str | Path) -> str:
+    """Which keys of an .npz trace are read, and as what (said wherever one is read, so a
+    file whose arrays were named otherwise is never misread in silence)."""
+    with np.load(path, allow_pickle=False) as z:
+        keys = sorted(z.keys())
+    bagged = [k for k in ("offsets", "lengths") if k in keys]
+    if "indices" in keys and bagged:
+        return f"keys indices and {' and '.join(bagged)}: bagged tables, the dlrm_datasets layout"
+    return f"keys {', '.join(escape_text(k) for k in keys)}: one table's index array each, in that order"
 
 
 def _pt_bytes(p: Path) -> int:

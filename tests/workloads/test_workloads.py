@@ -169,3 +169,19 @@ def test_load_dataset_dispatch(tmp_path, small):
     assert load_dataset("random", small).name == "random"
     np.save(tmp_path / "x.npy", np.arange(20))
     assert load_dataset(str(tmp_path / "x.npy"), small).name == "x"
+
+
+def test_an_npz_says_which_keys_it_read_and_refuses_bag_arrays_named_otherwise(tmp_path):
+    """Arrays named idx and offs are not the dlrm_datasets layout: read flat, offs would be a
+    table of indices; refused naming the keys. Flat arrays are read, and said to be."""
+    from characterize.workloads.traces import npz_layout
+
+    config = WorkloadConfig(T=2, E=50, D=4, B=5, L=10, batches=2)
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, idx=np.arange(100) % 50, offs=np.arange(0, 100, 10))
+    with pytest.raises(WorkloadError, match="keys idx, offs: offs look like bag offsets"):
+        load_trace(bad, config, rows=50)
+    flat = tmp_path / "flat.npz"
+    np.savez(flat, a=np.arange(100) % 50, b=np.arange(100) % 30)
+    assert npz_layout(flat) == "keys a, b: one table's index array each, in that order"
+    assert "keys a, b" in load_trace(flat, config, rows=50).description
