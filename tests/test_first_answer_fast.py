@@ -88,7 +88,7 @@ def test_an_experiments_predictions_are_kept_and_recomputed_when_an_input_change
     from characterize.config import ExperimentConfig
     from characterize.workloads.traces import generate, write_trace
 
-    monkeypatch.setattr(pipeline, "cache_root", lambda: tmp_path / "cache")
+    monkeypatch.setattr(pipeline.predictions, "cache_root", lambda: tmp_path / "cache")
     monkeypatch.setenv("CHARACTERIZE_CALIBRATION", str(tmp_path / "calibration"))
     trace = write_trace(generate("high", WL), tmp_path / "mine.npz")
     exp = pipeline.check_experiment(ExperimentConfig(workload=WL, datasets=("medium", str(trace)),
@@ -96,8 +96,8 @@ def test_an_experiments_predictions_are_kept_and_recomputed_when_an_input_change
     code = pipeline.CodeFacts(WL.D, pd.concat([static(), static().assign(dtype="fp16")]),
                               pd.concat([sass(), sass().assign(dtype="fp16")]))
     computed = []
-    real = pipeline.model_predictions
-    monkeypatch.setattr(pipeline, "model_predictions", lambda *a, **k: computed.append(1) or real(*a, **k))
+    real = pipeline.predictions.model_predictions
+    monkeypatch.setattr(pipeline.predictions, "model_predictions", lambda *a, **k: computed.append(1) or real(*a, **k))
 
     first = pipeline.predict(exp, code=code)
     assert len(computed) == 2 and set(first["dtype"]) == {"fp32", "fp16"}   # one per precision

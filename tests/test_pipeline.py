@@ -51,7 +51,7 @@ def test_shipped_experiments_load():
 def test_predict_reuses_static_rows_that_cover_it(monkeypatch):
     exp = pipeline.load_experiment("quick")
     called = []
-    monkeypatch.setattr(pipeline, "code_facts", lambda *a, **k: called.append(a))
+    monkeypatch.setattr(pipeline.predictions, "code_facts", lambda *a, **k: called.append(a))
     code = pipeline.CodeFacts(exp.workload.D, static(), sass())   # the committed run's real facts
     pipeline.predict(exp, ["sm_80"], code=code)
     assert not called
@@ -77,13 +77,13 @@ def test_the_e2e_step_reuses_the_runs_predictions_and_they_give_the_same_step(mo
     emb = pipeline.predict(exp)
     fresh = pipeline.e2e(exp, check=False)
     called = []
-    monkeypatch.setattr(pipeline, "predict", lambda *a, **k: called.append(a))
+    monkeypatch.setattr(pipeline.dlrm, "predict", lambda *a, **k: called.append(a))
     reused = pipeline.e2e(exp, check=False, predictions=emb)
     assert not called   # the fp16 rows beside them do not force a second prediction
     pd.testing.assert_frame_equal(reused.rows.reset_index(drop=True), fresh.rows.reset_index(drop=True))
     partial = emb[emb["variant"] != "warp"]
     monkeypatch.undo()
-    assert pipeline._e2e_embedding(partial, ["base", "warp"], exp.archs, exp.workload.dtype) is None
+    assert pipeline.dlrm._e2e_embedding(partial, ["base", "warp"], exp.archs, exp.workload.dtype) is None
 
 
 def test_the_selftest_plan_fits_its_budget_in_the_order_of_value():
@@ -113,7 +113,7 @@ def test_the_paper_claims_check_is_kept_and_a_damaged_entry_is_computed_again(tm
     result is kept (the build cache, keyed by what it depends on) and read back as is."""
     from characterize.analysis.claims import CLAIM_ARCH, CLAIM_VARIANTS
 
-    monkeypatch.setattr(pipeline, "cache_root", lambda: tmp_path)   # the claims' cache only
+    monkeypatch.setattr(pipeline.predictions, "cache_root", lambda: tmp_path)   # the claims' cache only
     monkeypatch.setenv("CHARACTERIZE_CALIBRATION", str(tmp_path / "calibration"))
     first = pipeline.model_validation()
     [entry] = (tmp_path / "claims").glob("*.csv")
@@ -122,10 +122,10 @@ def test_the_paper_claims_check_is_kept_and_a_damaged_entry_is_computed_again(tm
     pd.testing.assert_frame_equal(pipeline.model_validation(), first)
     assert entry.stat().st_size > 0 and len(first) == 4
     code = pipeline.code_facts(CLAIM_VARIANTS, [CLAIM_ARCH], 128)
-    key = pipeline._claims_key(code)
+    key = pipeline.predictions._claims_key(code)
     (tmp_path / "calibration").mkdir()
     (tmp_path / "calibration" / "a100-80gb.json").write_text("{}")   # a stored calibration changes the answer
-    assert pipeline._claims_key(code) != key
+    assert pipeline.predictions._claims_key(code) != key
 
 
 @pytest.mark.slow

@@ -29,7 +29,10 @@ from characterize.analysis.claims import measured_claims
 from characterize.analysis.compare import speedups
 from characterize.analysis.model.predict import primary_predictions
 from characterize.analysis.model.validation_error import model_error
-from characterize.kernels.registry import HOST_VARIANTS, VARIANT_ORDER
+from characterize.analysis.ncu import kernel_summary
+from characterize.errors import ConfigError
+from characterize.hardware.specs import gpu_spec
+from characterize.kernels.registry import HOST_VARIANTS, VARIANT_ORDER, get_variant
 from characterize.workloads.presets import HOTNESS_ORDER
 
 #: the references a best variant's speedup is stated against, when their rows exist
@@ -396,8 +399,6 @@ def ncu_times(summary: pd.DataFrame, tables: int | None) -> pd.DataFrame:
     that was profiled but not benched answers from. Columns: variant, dataset, time_us."""
     if summary.empty or not {"variant", "dataset", "duration_ns"} <= set(summary.columns):
         return pd.DataFrame(columns=["variant", "dataset", "time_us"])
-    from characterize.kernels.registry import get_variant
-
     k = summary
     name = next((c for c in ("function", "kernel_name") if c in k.columns), None)
     if name:
@@ -407,7 +408,7 @@ def ncu_times(summary: pd.DataFrame, tables: int | None) -> pd.DataFrame:
     def per_table(v: str) -> int:
         try:
             return int(tables or 1) if get_variant(v).batched else 1
-        except Exception:   # a kernel of one's own no longer registered: one table per launch
+        except ConfigError:   # a kernel of one's own no longer registered: one table per launch
             return 1
 
     t["time_us"] = t["duration_ns"] / 1e3 / t["variant"].map(per_table)
@@ -543,12 +544,9 @@ def answer_run(run: Any, validation: ModelValidation | None = None) -> Answer:
     workload = (meta.get("experiment") or {}).get("workload") or {}
     profiled = {}
     if not emulated and gpu and run.points("profile"):
-        from characterize.analysis.ncu import kernel_summary
-        from characterize.hardware.specs import gpu_spec
-
         try:
             copy = gpu_spec(gpu).hbm_efficiency
-        except Exception:   # a GPU the spec table lacks: no copy ceiling to state
+        except ConfigError:   # a GPU the spec table lacks: no copy ceiling to state
             copy = None
         summary = kernel_summary(run.metrics)
         profiled = ncu_bounds(summary, copy)

@@ -27,8 +27,9 @@ from characterize.analysis.model.constants import BAND, BOUNDS, ModelConstants
 from characterize.analysis.model.equations import _evaluate
 from characterize.analysis.model.scores import coverage, gmae, mape
 from characterize.analysis.model.validation_error import REGIMES, ModelError, regime_of
-from characterize.config import Pooling, WorkloadConfig
+from characterize.config import ExperimentConfig, Pooling, WorkloadConfig
 from characterize.errors import ConfigError
+from characterize.kernels.registry import get_variant
 
 MEASUREMENTS = Path(__file__).resolve().parent / "model" / "measurements.csv"
 #: our own measured runs (profiles/<gpu>/...), as corpus rows with their provenance: `validate
@@ -88,9 +89,6 @@ def run_corpus_rows(run: object, source: str, citation: str) -> list[dict[str, s
     mode: the time of one launch (a batched variant's covers every table), the point's own
     parameters (tbe's work order as its launch recorded it), the run's workload and GPU.
     `run` is a store.Run; `source` names it in the corpus, `citation` says where it is kept."""
-    from characterize.config import ExperimentConfig
-    from characterize.kernels.registry import get_variant
-
     meta = run.meta   # type: ignore[attr-defined]
     exp = ExperimentConfig.from_dict(meta["experiment"])
     wl, gpu = exp.workload, meta.get("gpu") or {}

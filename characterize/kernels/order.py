@@ -16,24 +16,26 @@ as the hot rows of l2p are (never from a timed batch). The L2 counts as
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
-import torch
 
 #: coverage a phase may give up against one table alone in the whole L2 (a fraction of lookups):
 #: below it, more tables at a time cost more in hits than their fewer phase start-ups save
 COVERAGE_SLACK = 0.005
 
 
-def coverage_curve(indices: torch.Tensor | np.ndarray, rows: int) -> np.ndarray:
+def coverage_curve(indices: Any, rows: int) -> np.ndarray:
     """c[k] = share of `indices`' lookups that go to their k most frequent rows (c[0] = 0),
-    for k up to the number of distinct rows; beyond it every lookup is covered."""
-    idx = torch.as_tensor(indices).reshape(-1).long()
-    if idx.numel() == 0:
+    for k up to the number of distinct rows; beyond it every lookup is covered. `indices`:
+    a numpy array or a tensor (read back to the host; numpy alone here, so the model and the
+    report that import this never load torch)."""
+    idx = indices.cpu().numpy() if hasattr(indices, "cpu") else np.asarray(indices)
+    idx = idx.reshape(-1).astype(np.int64, copy=False)
+    if idx.size == 0:
         return np.zeros(1)
-    counts = torch.bincount(idx, minlength=rows)
-    counts = counts[counts > 0].sort(descending=True).values.cpu().numpy().astype(np.float64)
+    counts = np.bincount(idx, minlength=rows)
+    counts = np.sort(counts[counts > 0])[::-1].astype(np.float64)
     return np.concatenate([[0.0], np.cumsum(counts) / counts.sum()])
 
 

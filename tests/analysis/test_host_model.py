@@ -155,7 +155,7 @@ def test_parse_ratios():
 
 
 def test_cli_cache_ratio_sweep(tmp_path, monkeypatch):
-    monkeypatch.setattr(pipeline, "code_facts", lambda v, a, D, *r, **k: pipeline.CodeFacts(
+    monkeypatch.setattr(pipeline.predictions, "code_facts", lambda v, a, D, *r, **k: pipeline.CodeFacts(
         D, static(), sass()))
     toml = tmp_path / "host.toml"
     toml.write_text('name = "host"\ndatasets = ["medium"]\nvariants = ["base", "uvm"]\narchs = ["sm_80"]\n'

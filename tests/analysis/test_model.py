@@ -262,7 +262,7 @@ def test_the_model_never_compiles_and_the_pipeline_says_what_is_missing(monkeypa
     def no_nvcc(*a, **k):
         raise ToolchainNotFound("no nvcc")
 
-    monkeypatch.setattr(pipeline, "static_characterization", no_nvcc)
+    monkeypatch.setattr(pipeline.facts, "static_characterization", no_nvcc)
     exp = pipeline.check_experiment(ExperimentConfig(workload=SMALL, datasets=("high",), variants=("base",)))
     with pytest.raises(ToolchainNotFound, match="sass.csv"):
         pipeline.predict(exp, ["sm_80"])
