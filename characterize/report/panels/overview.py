@@ -111,7 +111,8 @@ def _p_environment(s: RunSource) -> PanelOutput:
         sw.append(f"torch CUDA {env['torch_cuda']}")
     host = " ".join(x for x in (env.get("hostname"), env.get("platform")) if x)
     rows += [("software", ", ".join(sw)), ("host", host),
-             ("command line", m.get("command_line")), ("git revision", env.get("git_revision")),
+             ("command line", m.get("command_line")), ("git revision", env.get("git_revision") or
+              ("none (the source was not a git checkout)" if "git_revision" in env else None)),
              ("started", m.get("started")), ("resumed", ", ".join(map(str, m.get("resumed", []))))]
     steps = m.get("steps") or {}
     if steps:
