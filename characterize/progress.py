@@ -122,3 +122,48 @@ class PerMessage:
 
     def close(self) -> None:
         self.task.advance(max(0, self.total - self.done))
+
+
+
+class _PartTask(SilentTask):
+    """A part of a folded step: its progress moves the step's one bar, and its summary
+    is kept as one of the step's parts instead of a line of its own."""
+
+    def __init__(self, fold: "Folded", title: str) -> None:
+        self.fold, self.title = fold, title
+
+    def grow(self, n: int = 1) -> None:
+        self.fold.step.grow(n)
+
+    def advance(self, n: int = 1, item: str = "") -> None:
+        self.fold.step.advance(n, item=f"{self.title}: {item}" if item else self.title)
+
+    def finish(self, summary: str) -> None:
+        self.fold.parts.append(f"{self.title}: {summary}")
+
+
+class Folded:
+    """A Reporter for the parts of one step (each precision's builds, disassembly and
+    predictions): one bar and one finished line for the whole step, which is what a
+    terminal should show; `parts` keeps each part's own summary for the run's log."""
+
+    def __init__(self, reporter: Reporter, step: Task) -> None:
+        self.reporter, self.step = reporter, step
+        self.parts: list[str] = []
+
+    def message(self, text: str) -> None:
+        self.reporter.message(text)
+
+    @contextmanager
+    def task(self, title: str, total: int | None = None, unit: str = "") -> Iterator[Task]:
+        if total:
+            self.step.grow(total)
+        yield _PartTask(self, title)
+
+
+@contextmanager
+def folded(progress: "Reporter | Progress | None", title: str, unit: str = "") -> Iterator[Folded]:
+    """One step made of parts (see Folded); the caller ends it with `fold.step.finish(...)`."""
+    reporter = as_reporter(progress)
+    with reporter.task(title, unit=unit) as step:
+        yield Folded(reporter, step)

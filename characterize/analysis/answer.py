@@ -58,7 +58,8 @@ COLUMNS: dict[str, str] = {
     "bound_why": "the bound in numbers: ncu's share of peak (and of the device's copy bandwidth for DRAM) or "
                  "the top stall reason; the model's term otherwise",
     "bound_source": "where the bound comes from: model (predictions.csv) or ncu (the profile)",
-    "close": "other variants whose time lies inside the best's band (not distinguishable from it)",
+    "close": "other variants the bands cannot tell from the best (the speedup's band reaches 1x; for measured "
+             "times the confidence intervals overlap)",
     "e2e_speedup": "base's DLRM inference step over the best variant's (x; e2e.csv; NaN without it)",
     "embedding_share": "the embedding stage's share of the best variant's inference step (fraction)",
 }
@@ -144,7 +145,7 @@ class Answer:
                                                     and r["source"] == "measured" else "")
             if e2e:
                 row["end to end"] = band_text(r.get("e2e_speedup"))
-            row["as fast within the band"] = str(r.get("close") or "–")
+            row["tied within the band"] = str(r.get("close") or "–")
             if len(self.sources) > 1:
                 row["source"] = str(r["source"])
             out.append(row)
@@ -274,13 +275,26 @@ def _pick(d: pd.DataFrame) -> pd.Series:
     return d.sort_values(["time_us", "_hi", "_fam"], kind="stable").iloc[0]
 
 
-def _close(d: pd.DataFrame, best: pd.Series) -> str:
-    """Other variants whose time lies inside the best's band."""
-    lo, hi = best.get("time_us_low"), best.get("time_us_high")
-    if _nan(lo) or _nan(hi):
-        lo = hi = best["time_us"]
-    near = d[(d["variant"] != best["variant"]) & (d["time_us"] >= lo - 1e-9) & (d["time_us"] <= hi + 1e-9)]
-    return ", ".join(near.sort_values("time_us")["variant"].astype(str))
+def _close(d: pd.DataFrame, best: pd.Series, independent: bool = False) -> str:
+    """Other variants the bands cannot tell from the best. Predicted times move together
+    with the model's constants, so they are compared at the same end (the speedup's own
+    band, the one the answer prints, reaches 1x); measured times carry independent
+    confidence intervals, which then overlap."""
+    others = d[d["variant"] != best["variant"]]
+    if others.empty:
+        return ""
+    t = others["time_us"].astype(float)
+    lo = others["time_us_low"].astype(float) if "time_us_low" in others.columns else t
+    hi = others["time_us_high"].astype(float) if "time_us_high" in others.columns else t
+    lo, hi = lo.fillna(t), hi.fillna(t)
+    b, b_lo, b_hi = float(best["time_us"]), best.get("time_us_low"), best.get("time_us_high")
+    b_lo = b if _nan(b_lo) else float(b_lo)
+    b_hi = b if _nan(b_hi) else float(b_hi)
+    if independent:
+        near = lo <= b_hi + 1e-9
+    else:
+        near = pd.concat([lo / b_lo, t / b, hi / b_hi], axis=1).min(axis=1) <= 1.0 + 1e-9
+    return ", ".join(others[near].sort_values("time_us")["variant"].astype(str))
 
 
 def _predicted_rows(pred: pd.DataFrame, gpus: Sequence[str] | None) -> list[dict[str, Any]]:
@@ -380,7 +394,7 @@ def _measured_rows(bench: pd.DataFrame, gpu: str, pred: pd.DataFrame,
         row = {"gpu": gpu, "dataset": ds, "dtype": "", "source": "measured", "best": b["variant"],
                "time_us": b["time_us"], "time_us_low": b["time_us_low"], "time_us_high": b["time_us_high"],
                "bound": bounds.get((b["variant"], ds), ""), "bound_why": "",
-               "bound_source": "model" if bounds else "", "close": _close(cand, b)}
+               "bound_source": "model" if bounds else "", "close": _close(cand, b, independent=True)}
         if (b["variant"], ds) in profiled:
             row["bound"], row["bound_why"] = profiled[(b["variant"], ds)]
             row["bound_source"] = "ncu"

@@ -306,7 +306,10 @@ def print_answer(a: Any, title: str = "the answer") -> None:
     provenance notes are in the run directory and the report, not in the terminal's tail)."""
     if not a.empty:
         click.echo("")
-        print_rows(a.display_rows())
+        rows = a.display_rows()
+        first = [c for c in ("GPU", "dataset", "best", "us/table", "vs base", "bound", "tied within the band")
+                 if c in rows[0]]   # what a narrow terminal keeps: the rest is cut from the right
+        print_rows(rows, [*first, *(c for c in rows[0] if c not in first)])
         for line in (*a.claim_lines(), a.how()):
             click.echo(line)
     click.echo(f"\n{title}: {a.summary()}")

@@ -249,10 +249,7 @@ def run_cmd(experiment: str, out: Path | None, resume: bool, remeasure: bool, nc
                                  executor=executor, remeasure=remeasure, after_step=early_answer, budget_s=budget)
     r = load_run(outcome.path)
     if not r.static.empty:
-        echo("\nstatic characterization (lookup kernels as configured):")
-        view = r.static[(r.static["role"] == "lookup") & (~r.static["sweep"])]
-        print_rows(view.to_dict("records"), ["variant", "arch", "maxrregcount", "registers", "spill_stores",
-                                             "spill_loads", "blocks_per_sm", "theoretical_occupancy_pct", "limiter"])
+        print_static(r.static, exp.workload.dtype)
     if not r.locality.empty:
         from characterize.workloads.locality import named_ks
 
@@ -281,6 +278,25 @@ def run_cmd(experiment: str, out: Path | None, resume: bool, remeasure: bool, nc
                           f"; everything else is in {outcome.path}")
 
 
+
+
+def print_static(static: Any, dtype: str) -> None:
+    """The lookup kernels as configured at the workload's dtype, one row per variant and
+    the architectures side by side (the other precisions are in static.csv and the report)."""
+    view = static[(static["role"] == "lookup") & (~static["sweep"].astype(bool))]
+    if "dtype" in view.columns and (view["dtype"] == dtype).any():
+        view = view[view["dtype"] == dtype]
+    others = sorted(set(static["dtype"].dropna()) - {dtype}) if "dtype" in static.columns else []
+    rows: dict[str, dict[str, Any]] = {}
+    for r in view.to_dict("records"):
+        row = rows.setdefault(str(r["variant"]), {"variant": r["variant"], "cap": r.get("maxrregcount")})
+        a = str(r["arch"])
+        row[f"{a} regs"] = r["registers"]
+        row[f"{a} spills"] = f"{int(r['spill_stores'])}/{int(r['spill_loads'])}"
+        row[f"{a} occupancy"] = f"{float(r['theoretical_occupancy_pct']):.1f}%"
+    echo(f"\nstatic characterization, {dtype} lookup kernels as configured (cap: maxrregcount; spills: "
+         "stores/loads" + (f"; {', '.join(others)} in static.csv and the report" if others else "") + "):")
+    print_rows(list(rows.values()), list(dict.fromkeys(k for row in rows.values() for k in row)))
 
 
 # ------------------------------------------------------------------ selftest

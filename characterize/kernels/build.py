@@ -672,8 +672,15 @@ _OBSERVER: contextvars.ContextVar[BuildObserver | None] = contextvars.ContextVar
 
 @contextlib.contextmanager
 def observe_builds(observer: BuildObserver | None) -> Iterator[None]:
-    """Within the block, every `build_many` reports its builds to `observer`."""
-    token = _OBSERVER.set(observer)
+    """Within the block, every `build_many` reports its builds to `observer`, and to the
+    observer of an enclosing block too (a step that tallies its parts' builds)."""
+    outer, inner = _OBSERVER.get(), observer
+
+    def both(ev: BuildEvent) -> None:
+        assert inner is not None and outer is not None
+        inner(ev)
+        outer(ev)
+    token = _OBSERVER.set(both if inner is not None and outer is not None else inner)
     try:
         yield
     finally:

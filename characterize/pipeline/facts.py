@@ -67,19 +67,21 @@ def sass_frame(variants: Sequence[str], archs: Sequence[str], D: int,
 
 def code_facts(variants: Sequence[str], archs: Sequence[str], D: int, params: Mapping[str, Any] | None = None,
                sweep_caps: Sequence[int] = (), dtype: str = "fp32",
-               progress: Reporter | Progress | None = None, also_dtypes: Sequence[str] = ()) -> CodeFacts:
+               progress: Reporter | Progress | None = None, also_dtypes: Sequence[str] = (),
+               label: str = "") -> CodeFacts:
     """Compile the variants (builds are cached), read ptxas's resources and the SASS;
     `progress` sees each build, compiled or reused. The builds of `also_dtypes` (the
     experiment's other precisions, characterized later) are compiled in the same parallel
-    batches, so nvcc runs on every core from the start."""
+    batches, so nvcc runs on every core from the start. `label` starts each progress
+    title (the dtype, where a step characterizes several)."""
     rep = as_reporter(progress)
     try:
-        with reported_builds(rep, f"compile for {', '.join(archs)}"):
+        with reported_builds(rep, f"{label}compile for {', '.join(archs)}"):
             prebuild(variants, archs, [dtype, *(d for d in also_dtypes if d != dtype)], sweep_caps, dict(params or {}),
                      D=D)
             rows = static_characterization(list(variants), list(archs), sweep_caps, D=D,
                                            params=dict(params or {}), dtype=dtype)
-        with rep.task("SASS hot loops (cuobjdump)") as task:
+        with rep.task(f"{label}SASS hot loops (cuobjdump)") as task:
             sass = sass_frame(variants, archs, D, params, dtype)
             task.finish(f"{len(sass)} kernel(s) analyzed")
     except ToolchainNotFound as e:

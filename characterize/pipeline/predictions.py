@@ -79,10 +79,11 @@ def _predict(exp: ExperimentConfig, archs: Sequence[str] | None = None, *, code:
         key = _predictions_key(exp, targets, code, custom, cache_ratios, mode)
         kept = _kept_predictions(key)
         if kept is not None:
-            with rep.task(f"predictions for {', '.join(targets)}") as task:
+            with rep.task(f"{dtype} predictions for {', '.join(targets)}") as task:
                 task.finish(f"{len(kept)} point(s), kept from an earlier run of the same inputs")
             return kept
-    with rep.task(f"predictions for {', '.join(targets)}", total=len(exp.datasets), unit="datasets") as task:
+    with rep.task(f"{dtype} predictions for {', '.join(targets)}", total=len(exp.datasets),
+                  unit="datasets") as task:
         per = PerMessage(task, len(exp.datasets))
         profiles = {} if profiles is None else profiles   # the traces' locality, shared by every dtype
         df = model_predictions(exp, targets, static=code.static, sass=code.sass, progress=per,

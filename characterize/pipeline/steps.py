@@ -33,7 +33,7 @@ from characterize.errors import (
     describe_os_error,
 )
 from characterize.hardware.devices import devices
-from characterize.kernels.build import buildable_arch, toolkit_record
+from characterize.kernels.build import BuildTally, buildable_arch, observe_builds, toolkit_record
 from characterize.kernels.library import unavailable
 from characterize.kernels.registry import (
     get_variant,
@@ -50,7 +50,7 @@ from characterize.pipeline.dlrm import e2e
 from characterize.pipeline.experiment import check_experiment
 from characterize.pipeline.facts import CodeFacts, code_facts, reads
 from characterize.pipeline.predictions import model_validation, predict
-from characterize.progress import Progress, Reporter, Task, as_reporter
+from characterize.progress import Progress, Reporter, Task, as_reporter, folded
 from characterize.progress import quiet as _quiet
 from characterize.report.render import render_report
 from characterize.rundir import artifact
@@ -143,20 +143,27 @@ def locality_step(run: RunDir, exp: ExperimentConfig, progress: Reporter | Progr
 def static_step(run: RunDir, exp: ExperimentConfig, progress: Reporter | Progress = _quiet) -> CodeFacts:
     """static.csv (with the register sweep) and sass.csv of the experiment's variants, at
     the workload's dtype and at each of the precision grid's (the facts its predictions
-    read, so that the run directory says where every prediction came from)."""
+    read, so that the run directory says where every prediction came from). One progress
+    line for the whole step; each precision's own lines go to the run's log."""
     archs = list(dict.fromkeys(buildable_arch(a) for a in exp.archs))   # CUDA 13 builds no Volta: its stand-in
-    code = code_facts(exp.variants, archs, exp.workload.D, exp.params, exp.maxrregcount, exp.workload.dtype,
-                      progress=progress, also_dtypes=exp.dtypes)
-    statics, sasses = [code.static], [code.sass]
-    for dt in dict.fromkeys(exp.dtypes):
-        if dt == exp.workload.dtype:
-            continue
-        wl = exp.workload.replace(dtype=dt)
-        names = [v for v in dict.fromkeys(["base", *exp.variants]) if get_variant(v).compiled and reads(v, wl)]
-        more = code_facts(names, archs, exp.workload.D, exp.params, dtype=dt, progress=progress)
-        statics.append(more.static)
-        sasses.append(more.sass)
-    code = CodeFacts(exp.workload.D, pd.concat(statics, ignore_index=True), pd.concat(sasses, ignore_index=True))
+    dtypes = list(dict.fromkeys([exp.workload.dtype, *exp.dtypes]))
+    tally = BuildTally()
+    with folded(progress, f"static ({', '.join(dtypes)} on {', '.join(archs)})", unit="builds") as fold, \
+            observe_builds(tally):
+        label = f"{exp.workload.dtype}: " if len(dtypes) > 1 else ""
+        code = code_facts(exp.variants, archs, exp.workload.D, exp.params, exp.maxrregcount, exp.workload.dtype,
+                          progress=fold, also_dtypes=exp.dtypes, label=label)
+        statics, sasses = [code.static], [code.sass]
+        for dt in dtypes[1:]:
+            wl = exp.workload.replace(dtype=dt)
+            names = [v for v in dict.fromkeys(["base", *exp.variants]) if get_variant(v).compiled and reads(v, wl)]
+            more = code_facts(names, archs, exp.workload.D, exp.params, dtype=dt, progress=fold, label=f"{dt}: ")
+            statics.append(more.static)
+            sasses.append(more.sass)
+        code = CodeFacts(exp.workload.D, pd.concat(statics, ignore_index=True), pd.concat(sasses, ignore_index=True))
+        fold.step.finish(f"{tally.summary()}; {len(code.sass)} hot loop(s) read")
+    for part in fold.parts:
+        run.log(f"static: {part}")
     run.write("static", code.static)
     run.write("sass", code.sass)
     return code
@@ -178,11 +185,16 @@ def predict_step(run: RunDir, exp: ExperimentConfig, code: CodeFacts | None = No
     if gpu.get("key") and gpu["key"] not in archs:
         archs.append(gpu["key"])
     sweep = CACHE_SWEEP if "cache" in exp.variants and "C" not in exp.params_for("cache") else None
-    df = predict(exp, archs, code=code, progress=progress, cache_ratios=sweep)
-    run.write("predictions", df)
-    with as_reporter(progress).task("the model against the paper's claims") as task:
-        claims = model_validation(code, progress=progress)
-        task.finish(f"{len(claims)} claim(s) checked")
+    dtypes = ", ".join(dict.fromkeys([exp.workload.dtype, *exp.dtypes]))
+    with folded(progress, f"predict ({dtypes} on {', '.join(archs)})", unit="datasets") as fold:
+        df = predict(exp, archs, code=code, progress=fold, cache_ratios=sweep)
+        run.write("predictions", df)
+        with fold.task("the model against the paper's claims") as task:
+            claims = model_validation(code, progress=fold)
+            task.finish(f"{len(claims)} claim(s) checked")
+        fold.step.finish(f"{len(df)} point(s); the paper's {len(claims)} claim(s) checked against the model")
+    for part in fold.parts:
+        run.log(f"predict: {part}")
     run.write("model_validation", claims)
     return df
 

@@ -51,8 +51,9 @@ def run_box(s: RunSource, validation: ModelValidation | None = None) -> AnswerBo
                            note="us/table: the best variant's time per table (a launch covering every table: its "
                                 "time / T); us/batch: every table of a batch; vs X: X's time per table over the best "
                                 "variant's (> 1: faster), from X's own row; bound: ncu's share of peak where the point "
-                                "was profiled, else the model's term; as fast within the band: variants whose time "
-                                "lies inside the best one's band")
+                                "was profiled, else the model's term; tied within the band: variants the bands cannot "
+                                "tell from the best (the speedup's band reaches 1x, or the measured confidence "
+                                "intervals overlap)")
     box.sentences = [a.summary(), a.how(), *a.claim_lines(), *a.notes]
     if s.emulated:
         box.sentences.append("The run's timings are CPU emulation: they check the harness and never answer this "

@@ -194,3 +194,15 @@ def test_a_run_profiled_but_not_benched_answers_from_ncus_durations():
     assert row["source"] == "ncu" and row["best"] == "warp" and 40 < row["time_us"] < 43
     assert row["speedup_vs_torch"] == pytest.approx(2.28, abs=0.02) and "L2 81% of peak" in row["bound_why"]
     assert "Nsight Compute's kernel durations" in a.how()
+
+
+def test_a_variant_is_tied_only_when_the_speedups_band_reaches_one():
+    # predicted times move with the model's constants: a wide band on the best does not
+    # make a variant that is slower at both ends of the constants a tie
+    times = {"base": 200.0, "warp": 50.0, "rpf": 60.0, "l2p": 52.0}
+    rows = pred_rows(times)
+    ends = {"warp": (30.0, 100.0), "rpf": (55.0, 120.0), "l2p": (29.0, 104.0)}
+    for r in rows:
+        r["time_us_low"], r["time_us_high"] = ends.get(r["variant"], (r["time_us"], r["time_us"]))
+    r = answer(pd.DataFrame(rows)).rows.iloc[0]
+    assert r["best"] == "warp" and r["close"] == "l2p"   # rpf: 1.2x at the middle, 1.83x and 1.2x at the ends

@@ -1,6 +1,7 @@
 """Progress and terminal output: bars on a terminal only, one line per step otherwise,
 honest build-cache counts, and tables that format percentages and integers."""
 
+import dataclasses
 import math
 import os
 import pty
@@ -298,3 +299,49 @@ def test_predictions_advance_once_per_dataset(monkeypatch, tmp_path):
     (task,) = rec.tasks
     assert task["total"] == len(exp.datasets) == task["done"]
     assert task["summary"] == f"{len(df)} point(s) predicted"
+
+
+def test_a_folded_step_is_one_task_and_keeps_its_parts(tmp_path, monkeypatch):
+    """Each precision's builds and predictions move one bar and end in one line; their own
+    summaries are kept for the run's log; an enclosing tally sees the parts' builds."""
+    from characterize.kernels.build import observe_builds, reported_builds
+    from characterize.progress import folded
+
+    _tiny_kernels(tmp_path, monkeypatch)
+    rec = _Recorder()
+    outer = BuildTally()
+    with folded(rec, "static (fp32, fp16)", unit="builds") as fold, observe_builds(outer):
+        for dt in ("fp32", "fp16"):
+            with reported_builds(fold, f"{dt}: compile"):
+                build_many([BuildSpec("emulate", dtype=dt)])
+        with fold.task("fp32: predictions", total=3) as t:
+            t.advance(3, item="medium")
+            t.finish("3 point(s) predicted")
+        fold.step.finish(outer.summary())
+    (task,) = rec.tasks
+    assert task["title"] == "static (fp32, fp16)" and task["done"] == 5 and task["total"] == 3
+    assert task["summary"] == "2 build(s): 2 compiled, 0 reused from the cache"
+    assert fold.parts == ["fp32: compile: 1 build(s): 1 compiled, 0 reused from the cache",
+                          "fp16: compile: 1 build(s): 1 compiled, 0 reused from the cache",
+                          "fp32: predictions: 3 point(s) predicted"]
+    assert any(i.startswith("fp16: compile: ") for i in task["items"])
+
+
+def test_predict_step_says_one_line_for_every_precision(tmp_path, monkeypatch):
+    from characterize import pipeline
+    from characterize.store import load_run
+
+    monkeypatch.setenv("CHARACTERIZE_CACHE", str(tmp_path / "cache"))
+    committed = load_run(Path(__file__).resolve().parents[2] / "profiles" / "static-paper")
+    exp = dataclasses.replace(pipeline.load_experiment("quick"), datasets=("high",), dtypes=("fp32", "fp16"),
+                              variants=("base", "warp"))
+    run = pipeline.open_experiment_run(exp, tmp_path / "run", "bench", False, None)
+    rec = _Recorder()
+    pipeline.predict_step(run, exp, pipeline.CodeFacts(exp.workload.D, committed.static, committed.sass), rec)
+    (task,) = rec.tasks
+    dtypes = list(dict.fromkeys([exp.workload.dtype, *exp.dtypes]))
+    assert len(dtypes) > 1 and task["title"].startswith(f"predict ({', '.join(dtypes)} on ")
+    assert re.fullmatch(r"\d+ point\(s\); the paper's 4 claim\(s\) checked against the model", task["summary"])
+    log = (tmp_path / "run" / "log.txt").read_text()
+    for dt in dtypes:
+        assert f"predict: {dt} predictions for " in log
