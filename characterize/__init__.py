@@ -62,7 +62,7 @@ Extraction and analysis
     wide                one row per kernel with friendly columns
     rule_results        ncu's rule findings per kernel
     kernel_summary      one row per kernel: speed of light, bound, memory chart, stalls
-    weighted_stalls     stall reasons weighted by instructions issued (warp-cycles)
+    weighted_stalls     stall reasons weighted by instructions issued (else executed, else duration)
     roofline            achieved and peak FLOP/s and bytes/s from ncu's roofline counters
     speedups            measured per-table latency and speedups with 95% CIs
     headline            measured technique x hotness speedup table

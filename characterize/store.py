@@ -593,6 +593,10 @@ class Run:
             raise RunDirError(f"{shown}: cannot be read ({e.strerror or type(e).__name__})") from None
         return _checked_table(df, a, shown)
 
+    def home(self, kind: str, variant: str, dataset: str) -> Path:
+        """The run directory a point's files (its report) are relative to."""
+        return self.path
+
     def points(self, kind: str) -> list[dict[str, Any]]:
         """Every point file of `kind` that reads as its declaration says and was measured
         with what the run records (its fingerprint); one that does not (torn, edited,
@@ -830,8 +834,25 @@ def same_experiment(a: Run, b: Run) -> bool:
         (ga == gb or not ga or not gb)
 
 
+def measured_keys(run: Run) -> set[tuple[str, str, str]]:
+    """(kind, variant, dataset) of every bench and profile point the run holds."""
+    return {(kind, str(pt.get("variant")), str(pt.get("dataset"))) for kind in ("bench", "profile")
+            for pt in run.points(kind)}
+
+
+def complementary(group: Sequence[Run], run: Run) -> bool:
+    """Whether `run` completes `group` (runs of one experiment on one GPU, same_experiment):
+    it measured points the group did not (a profile beside a bench, the rest of a matrix).
+    Two runs of the same points, or two without measurements (no GPU), are two versions
+    of one thing to compare, not halves of one run."""
+    if not same_experiment(group[0], run):
+        return False
+    mine, theirs = measured_keys(run), set().union(*(measured_keys(g) for g in group))
+    return bool(mine) and bool(theirs) and not (mine & theirs)
+
+
 class MergedRun(Run):
-    """Several runs of one experiment on one GPU read as one (same_experiment): bench points
+    """Runs of one experiment on one GPU that complete each other read as one (complementary): bench points
     from one, profile points from another, a run measured on a GPU and its predictions added
     elsewhere. Points are their union (a later run's point replaces an earlier one's of the
     same variant, dataset and kind); tables and statistics come from the first run that has
@@ -864,6 +885,13 @@ class MergedRun(Run):
                 out[(pt["variant"], pt["dataset"])] = pt
         return list(out.values())
 
+    def home(self, kind: str, variant: str, dataset: str) -> Path:
+        """The part that holds the point (the last one, as `points` reads them)."""
+        for r in reversed(self.parts):
+            if any(pt["variant"] == variant and pt["dataset"] == dataset for pt in r.points(kind)):
+                return r.home(kind, variant, dataset)
+        return self.path
+
     @cached_property
     def unreadable_points(self) -> list[dict[str, str]]:
         return [u for r in self.parts for u in r.unreadable_points]
@@ -892,12 +920,13 @@ class MergedRun(Run):
 
 
 def load_runs(paths: Sequence[str | Path]) -> list[Run]:
-    """Open run directories, the runs of one experiment on one GPU merged into one
-    (MergedRun), in the order given (a merged run where its first part was)."""
+    """Open run directories, the runs that complete each other (complementary: one
+    experiment on one GPU, different points measured) merged into one (MergedRun), in
+    the order given (a merged run where its first part was)."""
     runs = [load_run(p) for p in paths]
     groups: list[list[Run]] = []
     for r in runs:
-        home = next((g for g in groups if same_experiment(g[0], r)), None)
+        home = next((g for g in groups if complementary(g, r)), None)
         if home is None:
             groups.append([r])
         else:

@@ -74,3 +74,18 @@ def test_load_run_names_what_is_wrong(tmp_path):
     (tmp_path / "meta.json").write_text("{")
     with pytest.raises(RunDirError, match="not valid JSON"):
         load_run(tmp_path)
+
+
+def test_runs_that_complete_each_other_merge_and_two_versions_of_one_stay_apart():
+    """The H200 bench run and the profile run of other points read as one; a run beside
+    itself, or two runs without measurements, are versions to compare, not halves."""
+    from pathlib import Path
+
+    from characterize.store import MergedRun, complementary, load_runs
+
+    root = Path(__file__).resolve().parents[1] / "profiles"
+    bench, prof, nogpu = root / "h200" / "paper-gpu", root / "h200" / "paper-gpu-profile", root / "static-paper"
+    (merged,) = load_runs([bench, prof])
+    assert isinstance(merged, MergedRun) and len(merged.points("profile")) == 9
+    assert [r.path for r in load_runs([bench, bench])] == [bench, bench]
+    assert len(load_runs([nogpu, nogpu])) == 2 and not complementary([load_run(nogpu)], load_run(nogpu))

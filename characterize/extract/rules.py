@@ -1,4 +1,5 @@
-"""Extract stage, rules: the findings of Nsight Compute's rule engine stored in a report.
+"""Extract stage, rules: the findings of Nsight Compute's rule engine stored in a report,
+and which unit of the GPU each finding's estimated speedup leans on (`rule_unit`).
 """
 
 from __future__ import annotations
@@ -119,3 +120,43 @@ def rule_results(path: str | Path, run: str = "", *, allow_partial: bool = False
     frame["kernel_id"] = frame["kernel_id"].astype("int64")
     frame["estimated_speedup"] = frame["estimated_speedup"].astype("float64")
     return frame
+
+
+# ---------------------------------------------------------------------------
+# What a rule's speedup leans on
+# ---------------------------------------------------------------------------
+
+#: the units a rule's speedup needs more throughput from (analysis.ncu.cap_speedups caps the
+#: estimate by their speed-of-light headroom): "memory" (L1/TEX, L2, DRAM), "compute" (the SMs'
+#: issue and pipes), "any" (the same work done sooner: every unit must go faster), "" (the rule
+#: cuts work, a unit's traffic or instructions, so its headroom does not bound the gain)
+RULE_UNITS = ("memory", "compute", "any", "")
+
+#: WarpStateStats stall findings (by title) that wait on the memory system
+_MEMORY_STALLS = ("long scoreboard", "short scoreboard", "lg throttle", "mio throttle", "tex throttle", "drain",
+                  "membar", "imc miss")
+#: stall findings that wait on the SM itself (its schedulers, pipes and instruction supply)
+_COMPUTE_STALLS = ("math pipe", "not selected", "wait", "dispatch", "branch resolving", "no instruction", "selected")
+#: sections whose findings cut traffic or instructions (access patterns, compression, fused FP ops)
+_CUTS_WORK = ("MemoryWorkloadAnalysis", "SourceCounters", "InstructionStats", "ComputeWorkloadAnalysis")
+
+
+def rule_unit(section: str, rule: str = "", title: str = "") -> str:
+    """The unit a finding's speedup leans on (one of RULE_UNITS).
+
+    Why: ncu estimates each rule's speedup on its own, blind to how close the kernel
+    already runs to a unit's peak; a stall removed without removing work must be served
+    by the same units, so their headroom bounds the gain. Stalls are told apart by the
+    finding's title (ncu's CPIStall rule names the stall reason there)."""
+    sec, t = str(section or ""), " ".join(str(title or "").lower().replace("_", " ").split())
+    if sec.startswith(("WarpStateStats", "SchedulerStats")):
+        if any(k in t for k in _MEMORY_STALLS):
+            return "memory"
+        if any(k in t for k in _COMPUTE_STALLS) or sec.startswith("SchedulerStats"):
+            return "compute"
+        return "any"
+    if sec.startswith(_CUTS_WORK):
+        return ""
+    # occupancy, launch configuration (tail effect, small grid), workload imbalance, anything new:
+    # the same work sooner
+    return "any"

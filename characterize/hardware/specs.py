@@ -127,6 +127,7 @@ class GpuSpec:
     host_link: str = "PCIe 4.0 x16"
     host_latency_us: float = 10.0       # one batched host-to-device copy before bytes flow
     uvm_fault_batch_us: float = 30.0    # the UVM driver servicing one batch of GPU page faults
+    copy_GBps: float = 0.0              # a measured device-to-device copy, read + written, GB/s (0: not measured)
 
     def rows_in_l2(self, row_bytes: int) -> int:
         """Table rows of `row_bytes` that fit the whole L2."""
@@ -287,7 +288,7 @@ _add(GpuSpec("h200", "NVIDIA H200", "sm_90", 132, 60 * MiB, 45 * MiB, 141 * 10**
              "H200 of profiles/h200, 2026-11-27; the H100 SXM's is 50 MB); persisting L2 75% of it (assumed); "
              "achievable DRAM bandwidth 0.88 of peak: a 2 GiB device-to-device copy moved 4,214 GB/s (read + "
              "written) on that H200 (profiles/h200/logs/micro.json)", (),
-             l1_data_bytes=224 * KiB, l1_latency_ns=20.0, hbm_efficiency=0.88,
+             l1_data_bytes=224 * KiB, l1_latency_ns=20.0, hbm_efficiency=0.88, copy_GBps=4214.3,
              fp32_TFLOPS=67.0, tf32_TFLOPS=494.7, fp16_TFLOPS=989.4, pcie_GBps=50.0, host_link="PCIe 5.0 x16"))
 
 _H20_SRC = ("NVIDIA publishes no datasheet for the H20; the figures are those reported publicly: 78 SMs (Geekbench 6 "

@@ -115,6 +115,11 @@ NEEDS: dict[str, Need] = {n.name: n for n in (
          lambda s: ncu.has_roofline(s.kview),
          lambda s: "the report carries none of ncu's roofline counters with floating-point work in them (the "
                    "SpeedOfLight_RooflineChart section was not collected, or no kernel executed FP instructions)"),
+    Need("bandwidth", "DRAM or L2 bytes and their peaks (SpeedOfLight, MemoryWorkloadAnalysis sections)",
+         lambda s: ncu.has_bandwidth(s.kview),
+         lambda s: "no kernel has DRAM or L2 bytes with a peak to set them against (dram__bytes / lts__t_bytes and "
+                   "gpu__dram_throughput or the peak counters: the SpeedOfLight and MemoryWorkloadAnalysis sections "
+                   "were not collected)"),
     Need("stalls", "warp-stall metrics (WarpStateStats section)",
          lambda s: any(c.startswith("stall_") and s.kview[c].notna().any() for c in s.kview.columns),
          lambda s: "the report has no warp-stall metrics (the WarpStateStats section was not collected)"),

@@ -37,8 +37,8 @@ __all__ = [
     "occupancy_figure", "stall_figure", "hit_rate_figure", "dram_figure",
     "prediction_figure", "predicted_vs_measured_figure",
     "kernel_duration_figure", "kernel_occupancy_figure", "kernel_stall_figure", "weighted_stall_figure",
-    "sol_figure", "memory_chart_figure", "roofline_figure", "sass_figure",
-    "precision_grid_figure", "cache_hit_figure", "host_time_figure", "host_bytes_figure", "why_figure",
+    "sol_figure", "memory_chart_figure", "roofline_figure", "bandwidth_roofline_figure", "sass_figure",
+    "precision_grid_figure", "cache_hit_figure", "host_time_figure", "host_bytes_figure", "why_figure", "format_rate",
 ]
 
 WIDTH_IN = 8.0   # every figure is this wide; heights follow the data
@@ -89,6 +89,12 @@ def _text(s: object, limit: int = 40) -> str:
     """Label text safe for matplotlib: no mathtext ($), no control characters, bounded length."""
     t = " ".join(str(s).split()).replace("$", r"\$")
     return t if len(t) <= limit else t[: limit - 1] + "…"
+
+
+def format_rate(v: object) -> str:
+    """Bytes per second in the binary units of characterize.units ('3.7 TiB/s')."""
+    text = format_bytes(v)
+    return text if text == "–" else text + "/s"
 
 
 def _style(ax, title: str | None = None, ylabel: str | None = None, xlabel: str | None = None) -> None:
@@ -202,24 +208,37 @@ def speedup_figure(s: pd.DataFrame, reference: str, title: str) -> Figure:
 
 
 def bandwidth_figure(s: pd.DataFrame, peak_GBps: float | None, title: str) -> Figure:
-    """Effective bandwidth (bytes a table launch must move / its time) against the HBM peak."""
+    """Effective bandwidth (bytes a table launch requests / its time) beside the HBM peak.
+    Requested bytes that an L1 or L2 hit served never reached DRAM, so a hot trace's bars
+    pass the HBM line without beating it: the labels say so (the Nsight Compute bandwidth
+    roofline sets each level's bytes against its own peak)."""
     log = peak_GBps is None or (s["effective_GBps"].max() < 0.02 * peak_GBps if len(s) else False)
     return grouped_bars(s, group="dataset", series="variant", value="effective_GBps", title=title,
-                        ylabel="effective bandwidth (GB/s)", ref=peak_GBps,
-                        ref_label=f"HBM peak {peak_GBps:,.0f} GB/s" if peak_GBps else None, log=log)
+                        ylabel="requested bytes / time (GB/s)", ref=peak_GBps,
+                        ref_label=f"HBM peak {peak_GBps:,.0f} GB/s (bounds DRAM bytes only)" if peak_GBps else None,
+                        log=log)
 
 
 def prepass_figure(p: pd.DataFrame, title: str) -> Figure:
-    """Stacked bars: lookup kernel and L2 pre-pass time per table launch, per variant x dataset."""
-    labels = [f"{_text(v, 12)}\n{_short(d, 12)}" for v, d in zip(p["variant"], p["dataset"])]
-    fig, ax = _figure(3.2)
-    x = np.arange(len(p))
-    ax.bar(x, p["latency_us"], 0.6, label="lookup kernel", color="#1f77b4")
-    ax.bar(x, p["prepass_per_table_us"].fillna(0), 0.6, bottom=p["latency_us"], label="L2 pre-pass",
-           color="#ff7f0e")
-    ax.set_xticks(x, labels)
-    _style(ax, title, "time per table launch (µs)")
-    _legend(ax, loc="upper left", bbox_to_anchor=(0, -0.22), ncols=2)
+    """Stacked horizontal bars: lookup kernel and L2 pre-pass time per table launch, one bar
+    per variant x dataset, the variants apart by a gap. Horizontal so that 'combined ·
+    one-item' stays one readable label however many points there are (vertical bars
+    squeezed fifteen two-line labels into each other)."""
+    variants = list(p["variant"].astype(str))
+    gaps = np.cumsum([0] + [1 if a != b else 0 for a, b in zip(variants, variants[1:])])
+    y = -(np.arange(len(p)) + 0.6 * gaps)
+    fig, ax = _figure(1.3 + 0.27 * len(p) + 0.15 * (gaps[-1] if len(gaps) else 0))
+    kernel = p["latency_us"].to_numpy(dtype=float)
+    pre = p["prepass_per_table_us"].fillna(0).to_numpy(dtype=float) if "prepass_per_table_us" in p.columns \
+        else np.zeros(len(p))
+    ax.barh(y, kernel, 0.7, label="lookup kernel", color="#1f77b4")
+    ax.barh(y, pre, 0.7, left=kernel, label="L2 pre-pass", color="#ff7f0e")
+    ax.set_yticks(y, [f"{_text(v, 12)} · {_short(d, 14)}" for v, d in zip(p["variant"], p["dataset"])])
+    _style(ax, title, None, "time per table launch (µs)")
+    ax.grid(axis="x", color="#dddddd", linewidth=0.6)
+    ax.grid(axis="y", visible=False)
+    _legend(ax, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncols=2)
+    ax.set_title(_text(title, 110), fontsize=FONT + 1, loc="left", pad=20)
     return fig
 
 
@@ -422,11 +441,14 @@ def hit_rate_figure(k: pd.DataFrame, title: str) -> Figure:
 
 
 def _byte_scale(top: float) -> tuple[str, float]:
-    return next(((u, f) for u, f in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)) if top >= f), ("B", 1.0))
+    """The binary unit (characterize.units) an axis of bytes up to `top` is drawn in."""
+    return next(((u, f) for u, f in (("TiB", 2.0**40), ("GiB", 2.0**30), ("MiB", 2.0**20), ("KiB", 2.0**10))
+                 if top >= f), ("B", 1.0))
 
 
-def dram_figure(k: pd.DataFrame, title: str) -> Figure:
-    """DRAM bytes read and written per profiled lookup kernel (variant x dataset)."""
+def dram_figure(k: pd.DataFrame, title: str, scope: str = "") -> Figure:
+    """DRAM bytes read and written per profiled lookup kernel (variant x dataset), in binary
+    units; `scope` ('per table') goes into the axis label."""
     fig, ax = _figure(3.4)
     x = np.arange(len(k))
     cols = [c for c in ("dram_bytes_read", "dram_bytes_write") if c in k.columns]
@@ -437,7 +459,7 @@ def dram_figure(k: pd.DataFrame, title: str) -> Figure:
         if col in k.columns:
             ax.bar(x + offset, k[col] / scale, 0.4, label=label, color=color)
     ax.set_xticks(x, _point_labels(k), rotation=30, ha="right")
-    _style(ax, title, f"DRAM bytes ({unit})")
+    _style(ax, title, f"DRAM bytes{' ' + scope if scope else ''} ({unit})")
     _legend(ax, loc="lower right", bbox_to_anchor=(1.0, 1.0), ncols=2)
     return fig
 
@@ -609,14 +631,21 @@ def kernel_duration_figure(w: pd.DataFrame, title: str) -> Figure:
 
 
 def kernel_occupancy_figure(w: pd.DataFrame, title: str) -> Figure:
-    """Achieved vs theoretical occupancy per profiled kernel, horizontal bars."""
+    """Achieved vs theoretical occupancy per profiled kernel, horizontal bars, with the
+    launch's waves per SM (launch__waves_per_multiprocessor) written beside each pair when
+    known: a launch of under one wave leaves SMs idle whatever its occupancy."""
     d = w[w["achieved_occupancy_pct"].notna() | w["theoretical_occupancy_pct"].notna()]
     fig, ax = _figure(1.2 + 0.4 * len(d))
     y = np.arange(len(d))[::-1]
     ax.barh(y + 0.2, d["theoretical_occupancy_pct"], 0.4, label="theoretical", color="#aec7e8")
     ax.barh(y - 0.2, d["achieved_occupancy_pct"], 0.4, label="achieved", color="#1f77b4")
     ax.set_yticks(y, _labels(d))
-    ax.set_xlim(0, 105)
+    waves = d["waves_per_sm"] if "waves_per_sm" in d.columns else pd.Series(np.nan, index=d.index)
+    ax.set_xlim(0, 125 if waves.notna().any() else 105)
+    ax.set_xticks(range(0, 101, 20))
+    for yy, wv in zip(y, waves):
+        if pd.notna(wv):
+            ax.annotate(f"{float(wv):.2f} waves/SM", (102, yy), va="center", fontsize=FONT - 2, color="#333333")
     _style(ax, title, None, "occupancy (% of max warps per SM)")
     ax.grid(axis="x", color="#dddddd", linewidth=0.6)
     _legend(ax, loc="upper left", bbox_to_anchor=(1.0, 1.0))
@@ -651,12 +680,13 @@ def kernel_stall_figure(w: pd.DataFrame, title: str, top: int = 8) -> Figure:
     return fig
 
 
-def weighted_stall_figure(long: pd.DataFrame, reasons: Sequence[str], title: str) -> Figure:
+def weighted_stall_figure(long: pd.DataFrame, reasons: Sequence[str], title: str, rows: str = "kernels") -> Figure:
     """Two views of warp stalls per kernel (analysis.ncu.weighted_stalls). Left: each
-    kernel's warp-cycles stalled as a share of all kernels' stall cycles (cycles per
-    issued instruction x instructions issued), so a long kernel's stalls weigh what
-    they cost. Right: each kernel's own mix (100% per kernel). Reasons: `reasons`
-    (largest weighted first), the rest as 'other'."""
+    kernel's stall cycles as a share of all `rows`' stall cycles (cycles per issued
+    instruction x the weight `long['weight']` names, the same for every row), so a long
+    kernel's stalls weigh what they cost. Right: each kernel's own mix (100% per
+    kernel). Reasons: `reasons` (largest weighted first), the rest as 'other'."""
+    weight = str(long["weight"].iloc[0]) if "weight" in long.columns and len(long) else "none"
     key = [c for c in ("run", "report", "kernel_id") if c in long.columns]
     kernels = long.drop_duplicates(key)
     order = kernels.assign(_w=long.groupby(key, sort=False)["stall_cycles"].transform("sum").loc[kernels.index])
@@ -687,11 +717,13 @@ def weighted_stall_figure(long: pd.DataFrame, reasons: Sequence[str], title: str
         ax.tick_params(labelsize=FONT - 1)
         if panel == 0:
             ax.set_yticks(y, _labels(order))
-            ax.set_xlabel("share of all kernels' warp-stall cycles (%)", fontsize=FONT)
+            ax.set_xlabel(_text(f"share of all {rows}' stall cycles (%), weighted by {weight}", 80)
+                          if weight != "none" else f"share of all {rows}' stall cycles per instruction (%)",
+                          fontsize=FONT)
             ax.set_title(_text(title, 80), fontsize=FONT + 1, loc="left")
         else:
             ax.set_xlim(0, 100)
-            ax.set_xlabel("each kernel's own stall mix (%)", fontsize=FONT)
+            ax.set_xlabel(f"each {rows.rstrip('s')}'s own stall mix (%)", fontsize=FONT)
     fig.legend(*axes[0].get_legend_handles_labels(), fontsize=FONT - 1, frameon=False, loc="outside lower center",
                ncols=min(5, len(shown)))
     return fig
@@ -745,7 +777,10 @@ def memory_chart_figure(r: Mapping, title: str) -> Figure:
         mark = "*" if r.get(f"{level}_hit_rate_clamped") else ""
         return f"hit {rate:.1f}%{mark}"
 
-    boxes = [(0.2, "SM", f"{format_count(r.get('inst_issued'))} inst"),
+    inst, what = r.get("inst_issued"), "inst"
+    if inst is None or (isinstance(inst, float) and math.isnan(inst)):
+        inst, what = r.get("inst_executed"), "inst executed"
+    boxes = [(0.2, "SM", f"{format_count(inst)} {what}"),
              (3.0, "L1/TEX", hit("l1")), (5.8, "L2", hit("l2")), (8.4, "DRAM", "")]
     for x, name, sub in boxes:
         ax.add_patch(FancyBboxPatch((x, 1.3), 1.4, 1.4, boxstyle="round,pad=0.05", facecolor="#eef2f5",
@@ -808,7 +843,7 @@ def roofline_figure(points: pd.DataFrame, roofs: pd.DataFrame, title: str) -> Fi
     bw_colors = {"DRAM": "#08519c", "L2": "#6baed6", "L1": "#9edae5"}
     for r in bandwidth.to_dict("records"):
         ax.plot(grid, np.minimum(grid * r["peak"], pk_max), color=bw_colors.get(r["name"], "#777777"),
-                linewidth=1.4, label=f"{r['name']} bandwidth {format_count(r['peak'], 'B/s')}")
+                linewidth=1.4, label=f"{r['name']} bandwidth {format_rate(r['peak'])}")
     markers = {"dram": "o", "l2": "s", "l1": "^"}
     kernels = list(dict.fromkeys(points["label"]))
     for i, lab in enumerate(kernels):
@@ -825,6 +860,64 @@ def roofline_figure(points: pd.DataFrame, roofs: pd.DataFrame, title: str) -> Fi
     ax.set_ylim(ymin, pk_max * 3)
     _style(ax, title, "FLOP/s", "arithmetic intensity (FLOP per byte)")
     _legend(ax, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return fig
+
+
+_LEVEL_COLORS = {"DRAM": "#08519c", "L2": "#6baed6", "L1": "#9edae5"}
+
+
+def _rate_scale(top: float) -> tuple[str, float]:
+    """The binary unit per second an axis of byte rates up to `top` is drawn in."""
+    return next(((u, f) for u, f in (("TiB/s", 2.0**40), ("GiB/s", 2.0**30), ("MiB/s", 2.0**20)) if top >= f),
+                ("B/s", 1.0))
+
+
+def bandwidth_roofline_figure(points: pd.DataFrame, roofs: pd.DataFrame, title: str) -> Figure:
+    """The bandwidth roofline of a gather (analysis.ncu.bandwidth): per row (kernel or
+    point), one bar per memory level for the bytes per second it served, each ending
+    against its own roof: a black tick at that level's peak for this row (ncu's peak
+    counters, or its own % of peak read backwards) and, on DRAM, a dashed red tick at the
+    device's measured copy ceiling. The share of the level's peak is written at the bar's
+    end. Bytes in binary units (TiB/s = 2^40 bytes per second)."""
+    labels = list(dict.fromkeys(points["label"].astype(str)))
+    levels = [lv for lv in ("DRAM", "L2", "L1") if (points["level"] == lv).any()]
+    n = max(1, len(levels))
+    copies = roofs[roofs["level"] == "DRAM copy"] if not roofs.empty else roofs
+    copy = float(copies["peak"].max()) if len(copies) else None
+    top = float(np.nanmax(np.concatenate([points["bytes_per_s"].to_numpy(dtype=float),
+                                          points["peak_bytes_per_s"].to_numpy(dtype=float), [copy or 0.0]])))
+    unit, scale = _rate_scale(top)
+    step = n * 0.22 + 0.35
+    fig, ax = _figure(1.6 + step * 0.62 * len(labels))
+    y0 = np.arange(len(labels))[::-1] * step
+    for i, lv in enumerate(levels):
+        d = points[points["level"] == lv].drop_duplicates("label").set_index("label")
+        ys = y0 + (n / 2 - i - 0.5) * 0.22
+        for lab, yy in zip(labels, ys):
+            if lab not in d.index:
+                continue
+            r = d.loc[lab]
+            v, pk = float(r["bytes_per_s"]) / scale, r["peak_bytes_per_s"]
+            color = _LEVEL_COLORS.get(lv, "#777777")
+            if pd.notna(pk):   # the level's roof as a faint track, so each bar reads against its own
+                ax.barh(yy, float(pk) / scale, 0.2, color=color, alpha=0.15, linewidth=0)
+            ax.barh(yy, v, 0.2, color=color, label=lv if lab == next(x for x in labels if x in d.index) else None)
+            if pd.notna(pk):
+                ax.plot([float(pk) / scale] * 2, [yy - 0.12, yy + 0.12], color="black", linewidth=1.6,
+                        label="peak of that level" if i == 0 and lab == labels[0] else None)
+            if lv == "DRAM" and copy:
+                ax.plot([copy / scale] * 2, [yy - 0.12, yy + 0.12], color="#b3261e", linewidth=1.3, linestyle="--",
+                        label="measured copy ceiling" if lab == labels[0] else None)
+            note = f"{r['pct_of_peak']:.0f}% of peak" if pd.notna(r["pct_of_peak"]) else "peak not in the report"
+            ax.annotate(note, (max(v, float(pk) / scale if pd.notna(pk) else 0.0), yy), xytext=(4, 0),
+                        textcoords="offset points", va="center", fontsize=FONT - 2, color="#333333")
+    ax.set_yticks(y0, [_text(x, 40) for x in labels])
+    ax.set_xlim(0, top / scale * 1.22)
+    _style(ax, None, None, f"bytes served per second ({unit}); each bar against its own level's peak")
+    ax.grid(axis="x", color="#dddddd", linewidth=0.6)
+    ax.grid(axis="y", visible=False)
+    _legend(ax, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncols=5)
+    ax.set_title(_text(title, 110), fontsize=FONT + 1, loc="left", pad=22)
     return fig
 
 

@@ -108,7 +108,8 @@ class RunSource:
             if p.get("status") != "ok" or not p.get("report"):
                 continue
             try:
-                r = rule_results(self.run.path / p["report"], run=self.run.name, allow_partial=True)
+                home = self.run.home("profile", p["variant"], p["dataset"])   # a merged run's part
+                r = rule_results(home / p["report"], run=self.run.name, allow_partial=True)
             except CharacterizeError as e:
                 self.rule_errors.append(f"{p['variant']} · {p['dataset']}: rule findings could not be read: {e}")
                 continue

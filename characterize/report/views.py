@@ -11,18 +11,11 @@ import pandas as pd
 
 from characterize.analysis import ncu
 from characterize.report.blocks import (
-    Cell,
-    Missing,
     _col,
-    _figure_block,
     _isnan,
-    _table,
-    _txt,
     fmt_num,
     hit_cell,
-    share_cell,
 )
-from characterize.report.plots import weighted_stall_figure
 from characterize.units import format_bytes
 
 
@@ -64,41 +57,6 @@ def memory_spec() -> list[tuple[str, Any]]:
             ("L2 hit", lambda r: hit_cell(r, "l2")),
             ("DRAM read", _col("dram_bytes_read", format_bytes)), ("DRAM written", _col("dram_bytes_write", format_bytes)),
             ("spill sectors (local)", _col("l1_spill_sectors"))]
-
-
-def stall_blocks(k: pd.DataFrame, title: str) -> list[Any]:
-    """The time-weighted stall figure and the per-kernel table (used for reports and runs)."""
-    long = ncu.weighted_stalls(k)
-    if long.empty:
-        raise Missing("no kernel has warp-stall values")
-    reasons = ncu.top_reasons(long, 7)
-    firsts = [t[0][0] for t in ncu.kernel_top_stalls(long)["top_stalls"] if t]  # every kernel's own largest
-    reasons += [r for r in dict.fromkeys(firsts) if r not in reasons][:3]
-    weight = long["weight"].iloc[0]
-    blocks: list[Any] = [_figure_block(weighted_stall_figure(long, reasons, title), "Warp stalls",
-                                       f"left: stall cycles per issued instruction x {weight} (warp-cycles), as a "
-                                       "share of all kernels' stall cycles; right: each kernel's own mix. Reasons "
-                                       "picked by their weighted total, so a long kernel's stalls are never hidden "
-                                       "in 'other'; 'selected' (issuing) is not a stall")]
-    tops = ncu.kernel_top_stalls(long)
-    info = k.set_index([c for c in ("run", "report", "kernel_id") if c in k.columns])
-    rows = []
-    for r in tops.to_dict("records"):
-        key = tuple(r[c] for c in ("run", "report", "kernel_id") if c in k.columns)
-        kr = info.loc[key] if key in info.index else pd.Series(dtype=object)
-        rows.append({**r, "label": kr.get("label"), "time_share_pct": kr.get("time_share_pct"),
-                     "duration_ns": kr.get("duration_ns")})
-    d = pd.DataFrame(rows).sort_values("stall_cycles", ascending=False, kind="stable")
-    spec = [("kernel", lambda r: Cell(_txt(r["label"]), "kname")),
-            ("share of time", lambda r: share_cell(r.get("time_share_pct"))),
-            ("share of all stall cycles", lambda r: share_cell(r.get("total_share_pct"))),
-            ("top stalls (cycles per issued instruction, share of its stalls)",
-             lambda r: Cell(stall_text(r["top_stalls"]), ""))]
-    blocks.append(_table(d, spec, caption="Each kernel's stalls, by its share of all stall cycles",
-                         note=f"weighted by {weight}; a kernel's top reasons are its own largest"))
-    return blocks
-
-
 
 
 def prediction_gpus(s: Any, p: pd.DataFrame) -> list[str]:

@@ -1,9 +1,12 @@
 """Nsight Compute views: speed of light and the bound, the memory chart's honest
-columns, the roofline, stalls weighted by instructions, and what an older GPU lacks."""
+columns, the roofline, stalls weighted by instructions, and what an older GPU lacks; on
+the H200 run's own reports: per-table values of a batched launch, one stall weight for
+every kernel, rule estimates capped by the speed of light, the bandwidth roofline."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -11,7 +14,9 @@ import pytest
 
 from characterize.analysis import ncu
 from characterize.extract.read import read_any
+from characterize.extract.rules import rule_results, rule_unit
 from characterize.extract.schema import stall_metric
+from characterize.store import load_run
 
 
 def tidy(kernels: list[dict]) -> pd.DataFrame:
@@ -128,3 +133,107 @@ def test_per_point_means():
     p = ncu.per_point(k)
     assert len(p) == 1 and p["sm_throughput_pct"][0] == 30.0 and p["kernels"][0] == 2
     assert p["label"][0] == "base · medium" and p["bound"][0] == "latency"
+
+
+# ------------------------------------------------------- the H200 run's own reports
+H200 = Path(__file__).resolve().parents[2] / "profiles" / "h200"
+
+
+@pytest.fixture(scope="module")
+def h200_run() -> tuple[pd.DataFrame, list[dict], int]:
+    """The H200 paper run's kernels (base and tbe, profiled), its profile points and its T."""
+    run = load_run(H200 / "paper-gpu")
+    return ncu.kernel_summary(run.metrics), run.points("profile"), run.meta["experiment"]["workload"]["T"]
+
+
+def _row(k: pd.DataFrame, variant: str, dataset: str) -> pd.Series:
+    return k[(k["variant"] == variant) & (k["dataset"] == dataset)].iloc[0]
+
+
+def test_a_batched_launch_is_divided_by_its_tables(h200_run):
+    """One tbe launch gathers all 12 tables: 484 us and 1.8 GiB of DRAM per launch are 40 us
+    and 150 MiB per table, beside base's 145 us and 133 MiB for its one table."""
+    k, points, T = h200_run
+    assert T == 12 and not any("tables_per_launch" in p for p in points)   # the run predates the field
+    t = ncu.per_table(k, points, T)
+    tbe, base = _row(t, "tbe", "random"), _row(t, "base", "random")
+    raw = _row(k, "tbe", "random")
+    assert tbe["tables_per_launch"] == 12 and base["tables_per_launch"] == 1
+    assert tbe["duration_ns"] == pytest.approx(484032 / 12) and raw["duration_ns"] == pytest.approx(484032)
+    assert tbe["dram_bytes_read"] == pytest.approx(raw["dram_bytes_read"] / 12)
+    assert tbe["inst_executed"] == pytest.approx(raw["inst_executed"] / 12)
+    assert tbe["dram_bytes"] < 1.2 * base["dram_bytes"] < 12 * tbe["dram_bytes"]
+    # rates and shares of peak describe the launch as it ran: left alone
+    for col in ("dram_throughput_pct", "dram_bytes_per_s", "l2_hit_rate_pct", "waves_per_sm", "stall_long_scoreboard"):
+        assert tbe[col] == raw[col], col
+    assert base["duration_ns"] == _row(k, "base", "random")["duration_ns"]
+    # a point that records its tables wins over the registry; without T a batched kernel stays per launch
+    recorded = [{**p, "tables_per_launch": 6} if p["variant"] == "tbe" else p for p in points]
+    assert _row(ncu.per_table(k, recorded, T), "tbe", "random")["tables_per_launch"] == 6
+    assert ncu.batched_unknown(k, points, None) == ["tbe"] and ncu.batched_unknown(k, points, T) == []
+    assert (ncu.launch_tables(k.assign(variant="my_kernel"), (), T) == 1).all()   # a name the registry lacks
+
+
+def test_stalls_weigh_every_kernel_alike_and_per_table(h200_run):
+    """The H200 reports lack smsp__inst_issued.sum: every kernel is weighed by the
+    instructions it executed, per table, so tbe's stalls are not its 12 tables' stalls."""
+    k, points, T = h200_run
+    per_launch = ncu.weighted_stalls(ncu.per_point(k))
+    points_ = ncu.per_point(ncu.per_table(k, points, T))
+    long = ncu.weighted_stalls(points_)
+    assert set(long["weight"]) == {"instructions executed"} == {ncu.stall_weight(points_)}
+    share = ncu.kernel_top_stalls(long).set_index("label")["total_share_pct"]
+    before = ncu.kernel_top_stalls(per_launch).set_index("label")["total_share_pct"]
+    # per launch tbe took 41% of the stall cycles, 2.7x base's; per table a fifth of base's
+    assert before["tbe · random"] > 2.5 * before["base · random"]
+    assert share["tbe · random"] < share["base · random"] / 4
+    assert share.sum() == pytest.approx(100)
+    # one kernel without an instruction count: every kernel falls back to its duration, never a mix
+    mixed = points_.copy()
+    mixed.loc[0, "inst_executed"] = np.nan
+    assert set(ncu.weighted_stalls(mixed)["weight"]) == {"duration"}
+
+
+def test_rule_estimates_are_capped_by_the_speed_of_light_headroom(h200_run):
+    """ncu's 93% long-scoreboard estimate for tbe, whose L2 runs at 91% of peak and DRAM at
+    83%, cannot hold: at most 9% of its time can go while the memory units do the same
+    work. base, latency-bound at 30% of L2, keeps most of its estimate; a rule that cuts
+    work (fusing FP instructions) is not capped."""
+    k, _, _ = h200_run
+    rules = pd.concat([rule_results(H200 / "paper-gpu" / "ncu" / f"{v}.ncu-rep", run="paper") for v in ("tbe", "base")])
+    capped = ncu.cap_speedups(rules, k)
+    tbe = capped[(capped["report"] == "tbe.ncu-rep") & (capped["kernel_id"] == 0)].set_index("title")
+    long_sb = tbe.loc["Long Scoreboard Stalls"]
+    l2 = _row(k, "tbe", "random")["l2_throughput_pct"]
+    assert long_sb["ncu_speedup"] == pytest.approx(92.76, abs=0.01) and long_sb["capped"]
+    assert long_sb["estimated_speedup"] == pytest.approx(100 - l2) and long_sb["cap_why"] == "L2 at 91% of peak"
+    assert 9 < long_sb["estimated_speedup"] < 100 / 0.834 - 100   # tighter than DRAM's 100/x - 1 alone
+    tail = capped[(capped["report"] == "base.ncu-rep") & (capped["title"] == "Tail Effect")]
+    assert not tail["capped"].any() and (tail["estimated_speedup"] == 50).all()
+    assert rule_unit("InstructionStats", "FPInstructions", "FP32 Non-Fused Instructions") == ""
+    assert rule_unit("WarpStateStats", "CPIStall", "Not Selected Stalls") == "compute"
+    assert rule_unit("Occupancy", "TheoreticalOccupancy", "") == "any"
+
+
+def test_bandwidth_roofline_sets_each_level_against_its_own_peak(h200_run):
+    """tbe moves 4.0 TB/s of DRAM bytes: 83% of the DRAM peak ncu's own share implies
+    (4.81 TB/s, the peak counter of the full probe agrees), 95% of the 4,214 GB/s the
+    H200's copy moved; its L2 bytes are set against the L2's peak, never the DRAM's."""
+    k, points, T = h200_run
+    pts, roofs = ncu.bandwidth(ncu.per_point(ncu.per_table(k, points, T)))
+    tbe = pts[pts["label"] == "tbe · random"].set_index("level")
+    assert tbe.loc["DRAM", "bytes_per_s"] == pytest.approx(4.0155e12, rel=1e-3)
+    assert tbe.loc["DRAM", "pct_of_peak"] == pytest.approx(_row(k, "tbe", "random")["dram_throughput_pct"])
+    assert 30 < tbe.loc["L2", "pct_of_peak"] < 50 and tbe.loc["L2", "peak_bytes_per_s"] > 3 * 4.8e12
+    assert (pts["pct_of_peak"].dropna() <= 100).all() and set(pts["level"]) == {"DRAM", "L2"}  # no L1 sectors here
+    roof = roofs.set_index("level")["peak"]
+    assert roof["DRAM"] == pytest.approx(4.81e12, rel=2e-3) and roof["DRAM copy"] == pytest.approx(4214.3e9, rel=1e-4)
+    full = ncu.kernel_summary(read_any(H200 / "ncu-probe" / "full.ncu-rep"))
+    fpts, froofs = ncu.bandwidth(full)
+    assert froofs.set_index("level").loc["DRAM", "source"] == "peak counter"
+    assert froofs.set_index("level").loc["DRAM", "peak"] == pytest.approx(roof["DRAM"], rel=2e-3)
+    assert set(fpts["level"]) == {"DRAM", "L2", "L1"} and fpts.set_index("level").loc["L1", "pct_of_peak"] != 0
+    assert ncu.copy_ceiling("NVIDIA A100-SXM4-80GB") is None and ncu.copy_ceiling("") is None
+    # the gather's FP adds are no roofline's business; an FP application's are
+    assert ncu.has_roofline(full) and not ncu.fp_worth_roofline(full)
+    assert ncu.has_bandwidth(full) and not ncu.has_bandwidth(full.drop(columns=["dram_bytes_per_s", "dram_bytes"]).iloc[0:0])

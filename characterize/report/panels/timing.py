@@ -91,8 +91,12 @@ def _p_bandwidth(s: RunSource) -> PanelOutput:
     blocks: list[Any] = []
     if peak:
         blocks.append(NoteBlock(f"HBM peak of {s.gpu.get('name') or s.gpu.get('key') or 'the GPU'}: "
-                                f"{fmt_num(peak)} GB/s (vendor figure from the spec table); a gather that reads "
-                                "each row once cannot beat it, so the gap shows how latency-bound a point is."))
+                                f"{fmt_num(peak)} GB/s (vendor figure from the spec table). The bytes here are the "
+                                "ones a launch requests (every lookup's row), not the ones DRAM moves: on a cold, "
+                                "spread trace they meet the peak only when the gather is bandwidth-bound, so the "
+                                "gap shows how latency-bound it is; on a hot trace repeated rows hit in L2 and the "
+                                "rate passes the HBM peak (L2 served them). The Nsight Compute bandwidth roofline "
+                                "sets the DRAM bytes actually moved against the peak."))
     else:
         blocks.append(NoteBlock("No GPU peak bandwidth is recorded for this run (meta.json has no GPU), so the "
                                 "effective bandwidth is shown without the HBM peak line."))
@@ -110,7 +114,7 @@ def _p_bandwidth(s: RunSource) -> PanelOutput:
                                     stamp=s.timing_stamp))
         spec = [*POINT_COLS,
                 ("effective GB/s", _col("effective_GBps")),
-                ("% of HBM peak", lambda r: Cell(fmt_pct(r.get("peak_pct")), "num"))]
+                ("requested / HBM peak", lambda r: Cell(fmt_pct(r.get("peak_pct")), "num"))]
         blocks.append(DetailsBlock(f"{mode}: effective bandwidth table", [_table(sp, spec)]))
     return PanelOutput(blocks, modes="; ".join(s.timing_mode(m) for m in s.modes))
 

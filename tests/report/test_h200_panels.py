@@ -1,0 +1,208 @@
+"""The Nsight Compute panels on the H200's own measurements (profiles/h200): a batched kernel
+per table beside per-table ones, stalls weighted one way and said so, ncu's estimates capped
+by the speed of light, each memory level against its own peak, waves and DRAM bandwidth
+shown, one byte convention, a readable pre-pass chart, and the notebook on both runs."""
+
+from __future__ import annotations
+
+import html as html_lib
+import itertools
+import re
+from pathlib import Path
+
+import pytest
+
+from characterize.analysis import compare as analyze
+from characterize.report import plots
+from characterize.report.render import report_html
+from characterize.store import load_run
+from tests.report.test_report import images, is_missing, panel_html
+
+H200 = Path(__file__).resolve().parents[2] / "profiles" / "h200"
+RUNS = [H200 / "paper-gpu", H200 / "paper-gpu-profile"]
+NCU_PANELS = ("sol", "roofline", "memory", "stalls", "occupancy", "kernels", "rules")
+
+
+def _text(fragment: str) -> str:
+    return " ".join(html_lib.unescape(re.sub(r"<[^>]+>", " ", fragment)).split())
+
+
+def tables(part: str) -> list[tuple[str, list[str], list[dict[str, str]]]]:
+    """(caption, headers, rows as header -> cell text) of every table in some HTML."""
+    out = []
+    for t in re.findall(r"<table[^>]*>(.*?)</table>", part, re.S):
+        cap = re.search(r"<caption>(.*?)</caption>", t, re.S)
+        heads = [_text(h) for h in re.findall(r"<th[^>]*>(.*?)</th>", t, re.S)]
+        body = t.split("</thead>")[-1]
+        rows = [dict(zip(heads, [_text(c) for c in re.findall(r"<td[^>]*>(.*?)</td>", r, re.S)]))
+                for r in re.findall(r"<tr>(.*?)</tr>", body, re.S)]
+        out.append((_text(cap.group(1)) if cap else "", heads, rows))
+    return out
+
+
+def table(part: str, caption: str) -> tuple[list[str], list[dict[str, str]]]:
+    return next((h, r) for c, h, r in tables(part) if c.startswith(caption))
+
+
+def row(rows: list[dict[str, str]], **match: str) -> dict[str, str]:
+    return next(r for r in rows if all(r.get(k) == v for k, v in match.items()))
+
+
+def words(part: str) -> str:
+    """The text a reader sees in some HTML (no images, no markup)."""
+    return _text(re.sub(r"data:image/png;base64,[A-Za-z0-9+/=]+", "", part))
+
+
+@pytest.fixture(scope="module")
+def page() -> str:
+    """The report of the H200 run: bench and profile runs of one experiment, read as one."""
+    return report_html(RUNS, strict=True)
+
+
+@pytest.fixture(scope="module")
+def imported() -> str:
+    """The H200's full-section probe report and tbe's own report, imported as files."""
+    return report_html([H200 / "ncu-probe" / "full.ncu-rep", H200 / "paper-gpu" / "ncu" / "tbe.ncu-rep"],
+                       strict=True, compare=False)
+
+
+def test_every_nsight_panel_is_built(page):
+    for pid in NCU_PANELS:
+        assert f'id="s1-{pid}"' in page and not is_missing(page, f"s1-{pid}"), pid
+    assert "could not be built" not in page
+
+
+def test_a_batched_kernel_is_shown_per_table(page):
+    """One tbe launch covers 12 tables: 484 us and 1.8 GiB per launch are 40 us and 150 MiB
+    per table, beside base's 145 us and 133 MiB for its one table, and the columns say so."""
+    heads, rows = table(panel_html(page, "s1-sol"), "Throughput as % of peak")
+    assert "duration per table (µs, under ncu)" in heads and "tables / launch" in heads
+    tbe, base = row(rows, variant="tbe", dataset="random"), row(rows, variant="base", dataset="random")
+    assert tbe["tables / launch"] == "12" and tbe["duration per table (µs, under ncu)"] == "40.3"
+    assert base["tables / launch"] == "1" and base["duration per table (µs, under ncu)"] == "145"
+    assert "Batched launches divided by their tables: tbe · medium (12 tables)" in words(panel_html(page, "s1-sol"))
+    heads, rows = table(panel_html(page, "s1-memory"), "Memory workload per point")
+    assert {"DRAM read per table", "DRAM written per table", "duration per table (µs, under ncu)"} <= set(heads)
+    assert row(rows, variant="tbe", dataset="random")["DRAM read per table"] == "149.7 MiB"
+    assert row(rows, variant="base", dataset="random")["DRAM read per table"] == "132.7 MiB"
+    heads, rows = table(panel_html(page, "s1-kernels"), "Every profiled kernel")
+    assert {"duration per table (µs)", "DRAM read per table"} <= set(heads)
+    tbe = row(rows, variant="tbe", dataset="random")
+    assert tbe["duration per table (µs)"] == "40.3" and tbe["DRAM read per table"] == "149.7 MiB"
+    assert "1.8 GiB" not in words(panel_html(page, "s1-kernels"))
+
+
+def test_the_stall_table_names_each_point_and_the_weight_it_uses(page):
+    """The reports lack smsp__inst_issued.sum: the chart, its caption and the table all say
+    the stalls are weighted by the instructions executed, per table; every row is named
+    and has its share, tbe's a small one per table."""
+    part = panel_html(page, "s1-stalls")
+    text = words(part)
+    assert "x warp instructions executed" in text and "instructions issued (" not in text
+    heads, rows = table(part, "Each point's stalls")
+    share = "share of all stall cycles, weighted by instructions executed"
+    assert heads[:3] == ["point", "duration per table (µs, under ncu)", share]
+    assert len(rows) == 9 and all(r["point"] and r[share].endswith("%") for r in rows)
+    pct = {r["point"]: float(r[share].rstrip("%")) for r in rows}
+    assert pct["tbe · random"] < pct["base · random"] / 4 and sum(pct.values()) == pytest.approx(100, abs=0.2)
+
+
+def test_rule_estimates_are_capped_by_the_speed_of_light(page):
+    """ncu's 93% for tbe's long-scoreboard stalls, at 91% of the L2's peak, shows as 9%,
+    marked, with ncu's figure on hover; base, latency-bound, keeps most of its estimate."""
+    part = panel_html(page, "s1-rules")
+    _, _, rows = next(t for t in tables(part) if "finding(s) x" in t[0])
+    long_sb = row(rows, finding="Warp Stall: Long Scoreboard Stalls")
+    assert long_sb["tbe · random"] == "opt 9% †" and long_sb["tbe · medium"] == "opt 10% †"
+    assert long_sb["base · medium"] == "opt 69%" and long_sb["base · random"] == "opt 70% †"
+    assert "capped from" in long_sb["largest est. speedup"]
+    assert "ncu estimated 93%; capped at 9%: L2 at 91% of peak" in html_lib.unescape(part)
+    assert "93%" not in " ".join(" ".join(r.values()) for r in rows)
+    assert "† capped" in words(part) and "100/x - 1" in words(part)
+
+
+def test_a_run_gets_the_bandwidth_roofline_instead_of_the_fp_one(page):
+    """Each memory level's bytes against its own peak, the H200's measured copy beside
+    DRAM's; no bar past its roof; the FP roofline is left out, and why."""
+    part = panel_html(page, "s1-roofline")
+    text = words(part)
+    assert len(images(part)) == 1
+    assert "dashed: the measured copy ceiling, 3.8 TiB/s" in text and "No FP roofline" in text
+    heads, rows = table(part, "Bandwidth per memory level per point")
+    assert heads[2:] == ["DRAM bytes/s", "DRAM % of its peak", "L2 bytes/s", "L2 % of its peak",
+                         "DRAM % of copy ceiling"]
+    tbe = row(rows, variant="tbe", dataset="random")
+    assert tbe["DRAM bytes/s"] == "3.7 TiB/s" and tbe["DRAM % of its peak"] == "83.4%"
+    assert tbe["DRAM % of copy ceiling"] == "95.3%" and tbe["L2 % of its peak"] == "39.4%"
+    assert all(float(r[h].rstrip("%")) <= 100 for r in rows for h in heads if h.endswith("of its peak"))
+    assert "Not drawn, no byte counts in the report: L1" in text
+
+
+def test_an_imported_report_keeps_its_fp_roofline_and_stays_per_launch(imported):
+    part = panel_html(imported, "s1-roofline")
+    assert "FP roofline" in words(part) and "Bandwidth roofline" in words(part) and len(images(part)) == 2
+    heads, _ = table(part, "Bandwidth per memory level per kernel")
+    assert "L1 bytes/s" in heads   # the full section set counts L1 sectors
+    for pid in ("sol", "memory", "kernels"):
+        assert "per launch" in words(panel_html(imported, f"s2-{pid}")), pid
+    assert "tbe: one launch covers every table of a batch, and this source records no table count" in \
+        words(panel_html(imported, "s2-memory"))
+
+
+def test_waves_per_sm_and_dram_bandwidth_are_shown(page):
+    heads, rows = table(panel_html(page, "s1-occupancy"), "Occupancy and launch per point")
+    assert "waves per SM" in heads
+    assert row(rows, variant="warp", dataset="random")["waves per SM"] == "0.65"
+    assert row(rows, variant="tbe", dataset="random")["waves per SM"] == "1.00"
+    heads, rows = table(panel_html(page, "s1-sol"), "Throughput as % of peak")
+    assert row(rows, variant="tbe", dataset="random")["DRAM bandwidth"] == "3.7 TiB/s"
+    assert row(rows, variant="base", dataset="medium")["DRAM bandwidth"] == "501.6 GiB/s"
+
+
+def test_one_byte_convention_in_the_nsight_panels(page, imported):
+    """Binary units (KiB ... TiB, GiB/s, TiB/s) throughout, and said; no decimal GB beside a GiB."""
+    for doc, src in ((page, "s1"), (imported, "s1")):
+        for pid in NCU_PANELS:
+            text = words(panel_html(doc, f"{src}-{pid}"))
+            assert not re.search(r"\d\s?[KMGT]B\b|[KMGT]B/s", text), (pid, re.findall(r".{30}[KMGT]B\b.{5}", text))
+    assert "Bytes in binary units: KiB, MiB, GiB, TiB" in words(panel_html(page, "s1-memory"))
+
+
+def test_the_prepass_chart_labels_do_not_overlap():
+    """Fifteen (variant, dataset) bars of the H200 run: every label readable, none on another."""
+    b = load_run(H200 / "paper-gpu").bench
+    p = analyze.speedups(b[b["status"] == "ok"], "steady", against=("base",))
+    p = p[p["variant"].isin(("l2p", "l2w", "combined"))].sort_values(["variant", "dataset"])
+    fig = plots.prepass_figure(p, "Lookup kernel and L2 pre-pass per table launch, steady")
+    renderer = fig.canvas.get_renderer()
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    labels = [t for t in ax.get_yticklabels() + ax.get_xticklabels() if t.get_text()]
+    assert len(ax.get_yticklabels()) == 15
+    boxes = [t.get_window_extent(renderer) for t in labels]
+    for a, c in itertools.combinations(range(len(boxes)), 2):
+        assert not boxes[a].overlaps(boxes[c]), (labels[a].get_text(), labels[c].get_text())
+    assert "combined · one-item" in [t.get_text() for t in ax.get_yticklabels()]
+
+
+def test_the_bandwidth_roofline_has_no_bar_past_its_roof(page):
+    """Drawn from the run's own frame: each bar ends at or below its level's tick."""
+    from characterize.analysis import ncu
+    from characterize.report.sources import RunSource
+
+    src = RunSource(load_run(H200 / "paper-gpu-profile"), 1)
+    k = ncu.per_point(ncu.per_table(src.lookup_view, src.profile_points, 12))
+    pts, roofs = ncu.bandwidth(k)
+    assert (pts["bytes_per_s"] <= pts["peak_bytes_per_s"]).all()
+    fig = plots.bandwidth_roofline_figure(pts, roofs, "Bandwidth roofline per point")
+    assert {t.get_text() for t in fig.axes[0].get_legend().get_texts()} >= {"DRAM", "L2", "measured copy ceiling"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("run", RUNS, ids=lambda p: p.name)
+def test_the_notebook_runs_on_a_profile_only_and_a_bench_and_profile_run(run):
+    from tests.test_notebooks import NOTEBOOKS, execute
+
+    shown = "\n".join(execute(NOTEBOOKS[0], {"CHARACTERIZE_RUN": str(run)}))
+    assert "profiled kernel(s) in the run" in shown and "long scoreboard" in shown
+    assert ("tbe · random" if run.name == "paper-gpu" else "warp · random") in shown
