@@ -267,6 +267,14 @@ class BinaryError(CharacterizeError):
     exit_code = 14
 
 
+class SlowerThanBaseline(CharacterizeError):
+    """`compare --fail-if-slower`: timed points of the second run are slower than the
+    first's beyond the allowed slowdown and both measurements' 95% CIs (a CI job's
+    regression gate fails with the points named)."""
+
+    exit_code = 15
+
+
 def did_you_mean(name: str, known: "list[str] | tuple[str, ...]") -> str:
     """' Did you mean 'rpf'?' when `name` is close to one of `known` (a typo), else ''.
     Appended to the one-line error that refuses an unknown name."""

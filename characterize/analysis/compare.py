@@ -3,20 +3,34 @@
 Every function takes tidy DataFrames (from store.Run) and returns tidy DataFrames,
 with units in derived column names. Speedup confidence intervals use the delta
 method on the two means' relative CIs (independent samples).
+
+Kernels compare per table: a batched kernel (tbe) walks every table of the batch in one
+launch, so its duration, bytes and instruction counts are divided by the tables that
+launch covers (`tables_per_launch`) before they stand beside a per-table kernel's.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
+from characterize.analysis import ncu
 from characterize.analysis.ncu import kernel_summary
-from characterize.errors import ConfigError, RunDirError, escape_text
+from characterize.config import ExperimentConfig
+from characterize.errors import (
+    CharacterizeError,
+    ConfigError,
+    RunDirError,
+    SlowerThanBaseline,
+    did_you_mean,
+    escape_text,
+)
 from characterize.extract.read import read_any
 from characterize.extract.schema import short_function_name
 from characterize.store import Run, load_run
@@ -93,18 +107,19 @@ SM_CLOCK_METRIC = "gpc__cycles_elapsed.avg.per_second"
 
 
 def bench_vs_ncu(run: Run, mode: str = "steady") -> pd.DataFrame:
-    """Bench's durations beside Nsight Compute's, per (variant, dataset, table) of a run
-    that was benched and profiled. Columns: variant, dataset, table; bench_per_table_us
-    (one event pair around the batch of T launches, / T), bench_per_launch_us (the
-    per-launch diagnostic: one event pair around this table's launch, the launch
-    front-end included); ncu_duration_us (gpu__time_duration of the table's lookup
-    kernel, at the profile's clock policy); sm_frequency_MHz (ncu's SM clock for it);
-    ncu_over_bench (x, ncu / bench per table). Empty when either side is missing."""
+    """Bench's durations beside Nsight Compute's, per table, per (variant, dataset, profiled
+    launch) of a run that was benched and profiled. Columns: variant, dataset, table;
+    bench_per_table_us (one event pair around the batch of T launches, / T),
+    bench_per_launch_us (the per-launch diagnostic: one event pair around this table's
+    launch, the launch front-end included); tables_per_launch (1, or T for a batched
+    kernel); ncu_duration_us (gpu__time_duration of the lookup kernel / tables_per_launch:
+    per table, as bench's, at the profile's clock policy); sm_frequency_MHz (ncu's SM clock
+    for it); ncu_over_bench (x, ncu / bench per table). Empty when either side is missing."""
     points = [p for p in run.points("bench") if p.get("status") == "ok"]
     k = run.kernels
     if not points or k.empty or "duration_ns" not in k.columns:
         return pd.DataFrame()
-    look = lookup_kernels(k)
+    look = per_table_kernels(lookup_kernels(k), run)
     m = run.metrics
     clock = m[m["metric"] == SM_CLOCK_METRIC] if not m.empty and "metric" in m.columns else pd.DataFrame()
     rows = []
@@ -115,15 +130,43 @@ def bench_vs_ncu(run: Run, mode: str = "steady") -> pd.DataFrame:
         per_launch = (p.get("per_launch_table_us") or {}).get(mode) or []
         mine = look[(look["variant"] == p["variant"]) & (look["dataset"] == p["dataset"])]
         for t, g in mine.groupby("table"):
-            ncu_us = float(g["duration_ns"].mean()) / 1e3
+            tables = int(g["tables_per_launch"].iloc[0])
+            ncu_us = float(g["duration_ns"].mean()) / 1e3   # per table already
             mine_clock = clock[clock["kernel_id"].isin(g["kernel_id"])] if not clock.empty else clock
             freq = float(mine_clock["value"].mean()) / 1e6 if not mine_clock.empty else float("nan")
             rows.append({"variant": p["variant"], "dataset": p["dataset"], "table": int(t),
                          "bench_per_table_us": row["per_table_us"],
                          "bench_per_launch_us": per_launch[int(t)] if int(t) < len(per_launch) else float("nan"),
-                         "ncu_duration_us": ncu_us, "sm_frequency_MHz": freq,
+                         "tables_per_launch": tables, "ncu_duration_us": ncu_us, "sm_frequency_MHz": freq,
                          "ncu_over_bench": ncu_us / row["per_table_us"] if row["per_table_us"] else float("nan")})
     return pd.DataFrame(rows)
+
+
+# ---------------------------------------------------------------- per table
+def _experiment_tables(run: Any) -> int | None:
+    """T of the run's experiment (None when the run records none)."""
+    exp = (getattr(run, "meta", None) or {}).get("experiment") or {}
+    try:
+        return int(ExperimentConfig.from_dict(exp).workload.T) if exp else None
+    except (CharacterizeError, TypeError, ValueError):   # an older or foreign meta: its raw workload
+        t = (exp.get("workload") or {}).get("T")
+        return int(t) if isinstance(t, (int, float)) and t > 0 else None
+
+
+def per_table_kernels(kernels: pd.DataFrame, run: Any) -> pd.DataFrame:
+    """A run's kernels (one row per launch) per table, as every comparison reads them:
+    ncu.per_table divides each launch's times, bytes and counts by the tables it covers
+    (the profile point's tables_per_launch; for runs made before points recorded it, T of
+    the experiment for a batched variant), and `per` says the unit ('table')."""
+    if kernels.empty:
+        return kernels
+    return ncu.per_table(kernels, run.points("profile"), _experiment_tables(run)).assign(per="table")
+
+
+def extensive_raw(metric: str) -> bool:
+    """Whether a raw ncu metric is a launch's total (a `.sum` counter: bytes, sectors,
+    instructions, gpu__time_duration.sum), to be divided per table."""
+    return metric.endswith(".sum")
 
 
 def compare_runs(a: pd.DataFrame, b: pd.DataFrame, keys: Iterable[str] = ("variant", "dataset", "function"),
@@ -152,6 +195,12 @@ MATCH_SIMILAR = "similar name + launch order"
 
 _TRAILING = re.compile(r"(?:[_\-.]?v?\d+)+$", re.IGNORECASE)
 
+#: how one side of a --pair reads, in the order a bare one is tried
+SELECTOR_KINDS: tuple[str, ...] = ("id", "variant", "nvtx", "kernel")
+#: how to name kernels, said with every refusal of a pair
+PAIR_HELP = ("name a variant (base), variant/dataset (tbe/random), NVTX range (chz/base/random/0), function or "
+             "demangled name, or #ID (tbe#0 where reports share IDs); id:, variant:, nvtx: or kernel: forces a reading")
+
 
 def similar_name(name: str) -> str:
     """A kernel's base name without trailing version digits and case (nodeByPoint5 ->
@@ -161,7 +210,7 @@ def similar_name(name: str) -> str:
 
 
 def parse_pairs(pairs: Iterable[str] | Mapping[str, str] | None) -> list[tuple[str, str]]:
-    """`A=B` strings (or a mapping) as (a, b) name pairs; refuses anything else."""
+    """`A=B` strings (or a mapping) as (a, b) selector pairs; refuses anything else."""
     if not pairs:
         return []
     if isinstance(pairs, Mapping):
@@ -173,97 +222,330 @@ def parse_pairs(pairs: Iterable[str] | Mapping[str, str] | None) -> list[tuple[s
             continue
         a, sep, b = str(p).partition("=")
         if not sep or not a.strip() or not b.strip():
-            raise ConfigError(f"--pair {p!r}: give KERNEL_A=KERNEL_B (function names, demangled names, or #ID)")
+            raise ConfigError(f"--pair {escape_text(str(p))!r}: give KERNEL_A=KERNEL_B; {PAIR_HELP}")
         out.append((a.strip(), b.strip()))
     return out
 
 
-def _matches(k: pd.DataFrame, name: str) -> pd.Series:
-    """Kernels of `k` that `name` designates: '#3' / '3' (kernel ID), a function name, or a demangled name."""
-    n = name.strip()
-    ids = k["kernel_id"] if "kernel_id" in k.columns else pd.Series(-1, index=k.index)
-    if re.fullmatch(r"#?\d+", n):
-        return ids.astype("Int64") == int(n.lstrip("#"))
-    func = k["function"].astype(str) if "function" in k.columns else pd.Series("", index=k.index)
-    full = k["kernel_name"].astype(str) if "kernel_name" in k.columns else pd.Series("", index=k.index)
-    return (func == n) | (full == n) | (func.map(short_function_name) == short_function_name(n))
+def _column(k: pd.DataFrame, c: str) -> pd.Series:
+    """Column `c` of `k` as text ('' where the frame lacks it)."""
+    return k[c].astype(str) if c in k.columns else pd.Series("", index=k.index, dtype=object)
+
+
+@dataclass(frozen=True)
+class KernelSelector:
+    """One side of a --pair, like a kernel picked for Nsight Compute's baseline: which
+    kernels of a source it designates. A bare text is read as the first of SELECTOR_KINDS
+    that designates something (so `base` is the variant, `chz_base_kernel` the function);
+    `kind:` forces a reading."""
+
+    text: str
+    kind: str = "auto"   # auto | one of SELECTOR_KINDS
+
+    _ID = re.compile(r"(?:(?P<scope>[^#]*)#)?(?P<id>\d+)")
+
+    @classmethod
+    def parse(cls, spec: str) -> "KernelSelector":
+        head, sep, rest = spec.partition(":")
+        if sep and head in SELECTOR_KINDS and rest.strip():
+            return cls(rest.strip(), head)
+        return cls(spec.strip())
+
+    def resolve(self, k: pd.DataFrame, where: str = "the source") -> tuple[pd.Series, str]:
+        """(rows of `k` it designates, the reading that designated them; '' for none)."""
+        for kind in (SELECTOR_KINDS if self.kind == "auto" else (self.kind,)):
+            mask = getattr(self, f"_{kind}")(k, where)
+            if mask.any():
+                return mask, kind
+        return pd.Series(False, index=k.index), ""
+
+    def _variant(self, k: pd.DataFrame, where: str = "") -> pd.Series:
+        v = _column(k, "variant")
+        mask = v == self.text
+        if "/" in self.text:
+            variant, dataset = self.text.split("/", 1)
+            mask |= (v == variant) & (_column(k, "dataset") == dataset)
+        return mask & ("variant" in k.columns)
+
+    def _nvtx(self, k: pd.DataFrame, where: str = "") -> pd.Series:
+        r = _column(k, "nvtx_range")
+        return ((r == self.text) | r.str.startswith(self.text.rstrip("/") + "/")) & ("nvtx_range" in k.columns)
+
+    def _kernel(self, k: pd.DataFrame, where: str = "") -> pd.Series:
+        func, full = _column(k, "function"), _column(k, "kernel_name")
+        if "function" not in k.columns:
+            return pd.Series(False, index=k.index)
+        return (func == self.text) | (full == self.text) | (func.map(short_function_name) ==
+                                                            short_function_name(self.text))
+
+    def _report(self, k: pd.DataFrame) -> pd.Series:
+        r = _column(k, "report")
+        return (r == self.text) | (r.map(lambda x: Path(x).stem) == self.text)
+
+    def _id(self, k: pd.DataFrame, where: str = "the source") -> pd.Series:
+        m = self._ID.fullmatch(self.text)
+        if m is None or "kernel_id" not in k.columns:
+            return pd.Series(False, index=k.index)
+        mask = pd.to_numeric(k["kernel_id"], errors="coerce") == int(m["id"])
+        if m["scope"]:
+            scope = KernelSelector(m["scope"])
+            mask &= next((s for s in (scope._variant(k), scope._nvtx(k), scope._report(k)) if s.any()),
+                         pd.Series(False, index=k.index))
+        ident = [c for c in ("run", "report") if c in k.columns]
+        reports = k.loc[mask, ident].drop_duplicates() if ident else pd.DataFrame()
+        if len(reports) > 1:
+            names = sorted({str(r) for r in reports["report"]}) if "report" in reports.columns else []
+            raise ConfigError(f"--pair: {escape_text(self.text)!r} is kernel ID {m['id']} of {len(reports)} reports of "
+                              f"{escape_text(where)} ({escape_text(', '.join(names))}); say which: "
+                              f"{escape_text(Path(names[0]).stem if names else 'REPORT')}#{m['id']}, VARIANT#ID or "
+                              "VARIANT/DATASET#ID")
+        return mask
+
+
+def _selectors(pairs: Iterable[str] | Mapping[str, str] | None) -> list[tuple[KernelSelector, KernelSelector]]:
+    return [(KernelSelector.parse(x), KernelSelector.parse(y)) for x, y in parse_pairs(pairs)]
+
+
+def _explode(k: pd.DataFrame, selectors: Sequence[KernelSelector], where: str) -> pd.DataFrame:
+    """`k` with one row per (row, pair that designates it), `_pick` the pair's number, then
+    the rows no pair designates once (`_pick` -1, left to automatic matching); `_row` is the
+    row's label in `k`. A kernel may stand in several pairs (base=tbe and base=warp)."""
+    parts, picked = [], pd.Series(False, index=k.index)
+    for i, s in enumerate(selectors):
+        mask, _ = s.resolve(k, where)
+        parts.append(k[mask].assign(_pick=i))
+        picked |= mask
+    parts.append(k[~picked].assign(_pick=-1))
+    parts = [p for p in parts if not p.empty] or [k.assign(_pick=-1)]
+    out = pd.concat(parts)
+    return out.assign(_row=out.index).reset_index(drop=True)
 
 
 def check_pairs(pairs: Iterable[str] | Mapping[str, str] | None, a: Sequence[pd.DataFrame],
                 b: Sequence[pd.DataFrame], a_name: str = "the first source", b_name: str = "the other sources") -> None:
-    """ConfigError for a --pair A=B whose A designates no kernel of `a` (one-row-per-kernel
-    frames) or whose B none of `b`: a pair that matches nothing would be silently ignored."""
+    """ConfigError for a --pair A=B whose A designates nothing in any frame of `a` (kernels
+    one row per launch, timed points) or whose B nothing of `b`: a pair that matches nothing
+    would be silently ignored. The error lists what the side holds and a close name."""
     for x, y in parse_pairs(pairs):
         for name, frames, where in ((x, a, a_name), (y, b, b_name)):
-            if not any(not f.empty and _matches(f, name).any() for f in frames):
-                have = sorted({str(v) for f in frames if not f.empty and "function" in f.columns
-                               for v in f["function"].dropna()})
-                listed = ", ".join(escape_text(h) for h in have[:8]) + (" ..." if len(have) > 8 else "")
-                raise ConfigError(f"--pair {escape_text(x)}={escape_text(y)}: no kernel of {escape_text(where)} is "
-                                  f"{escape_text(name)!r} (its kernels: {listed or 'none profiled'}); name a kernel by "
-                                  "function name, demangled name or #ID")
+            sel = KernelSelector.parse(name)
+            if any(not f.empty and sel.resolve(f, where)[0].any() for f in frames):
+                continue
+
+            def have(c: str) -> list[str]:
+                return sorted({str(v) for f in frames if not f.empty and c in f.columns for v in f[c].dropna()})
+            funcs, variants, datasets = have("function"), have("variant"), have("dataset")
+            funcs = [f for f in funcs if f != "(bench)"]
+            listed = ", ".join(escape_text(h) for h in funcs[:8]) + (" ..." if len(funcs) > 8 else "")
+            extra = (f"; variants: {escape_text(', '.join(variants))}" if variants else "") + \
+                (f"; datasets: {escape_text(', '.join(datasets))}" if datasets else "")
+            hint = did_you_mean(sel.text.split("/")[0].split("#")[0], variants + funcs)
+            raise ConfigError(f"--pair {escape_text(x)}={escape_text(y)}: no kernel of {escape_text(where)} is "
+                              f"{escape_text(name)!r} (its kernels: {listed or 'none profiled'}{extra}); {PAIR_HELP}."
+                              + escape_text(hint))
 
 
-def match_kernels(a: pd.DataFrame, b: pd.DataFrame, keys: Sequence[str] = (),
-                  pairs: Iterable[str] | Mapping[str, str] | None = None) -> pd.DataFrame:
-    """Pair the kernels of two one-row-per-kernel frames.
+def _ordered(df: pd.DataFrame) -> pd.DataFrame:
+    return df.sort_values([c for c in ("report", "kernel_id") if c in df.columns], kind="stable")
 
-    Within each group of `keys` (e.g. variant, dataset for two runs): first the manual
-    `pairs` (A=B), then the same demangled base name, then a similar name (trailing
-    version digits dropped: nodeByPoint5 ~ nodeByPoint); inside each name the i-th
-    launch of A pairs with the i-th of B. Returns one row per pair or leftover kernel:
-    a_index / b_index (row labels of `a` / `b`, <NA> on the side that lacks it),
-    `match` (how it was paired, or 'only in a' / 'only in b') and the keys.
-    """
-    keys = [k for k in keys if k in a.columns and k in b.columns]
-    manual = parse_pairs(pairs)
-    a_left = a.sort_values([c for c in ("report", "kernel_id") if c in a.columns], kind="stable")
-    b_left = b.sort_values([c for c in ("report", "kernel_id") if c in b.columns], kind="stable")
+
+def _by_time(df: pd.DataFrame) -> pd.DataFrame:
+    """Longest first (a pair given by hand matches the kernels that dominate each side)."""
+    if "duration_ns" not in df.columns:
+        return df
+    return df.sort_values("duration_ns", ascending=False, kind="stable", na_position="last")
+
+
+def _pair_rows(ga: pd.DataFrame, gb: pd.DataFrame, manual: bool) -> list[tuple[Any, Any, str]]:
+    """(a label, b label, how) within one group: the same demangled base name in launch
+    order, then a similar name; for a pair given by hand, what is left longest with longest
+    (chz_base_kernel with chz_tbe_kernel). Leftovers are 'only in a' / 'only in b'."""
+    used_a: set = set()
+    used_b: set = set()
+    out: list[tuple[Any, Any, str]] = []
+    steps: list[tuple[str, Any]] = [(MATCH_EXACT, lambda s: s), (MATCH_SIMILAR, similar_name)]
+    for how, name in steps + ([("time", None)] if manual else []):
+        ra, rb = ga[~ga.index.isin(used_a)], gb[~gb.index.isin(used_b)]
+        if ra.empty or rb.empty:
+            break
+        if name is None:
+            batches = [(_by_time(ra), _by_time(rb))]
+        else:
+            na, nb = _column(ra, "function").map(name), _column(rb, "function").map(name)
+            batches = [(ra[na == n], rb[nb == n]) for n in dict.fromkeys(na)]
+        for sa, sb in batches:
+            for ia, ib in zip(sa.index, sb.index):
+                out.append((ia, ib, MATCH_MANUAL if manual else how))
+                used_a.add(ia)
+                used_b.add(ib)
+    out += [(i, pd.NA, "only in a") for i in ga.index if i not in used_a]
+    out += [(pd.NA, i, "only in b") for i in gb.index if i not in used_b]
+    return out
+
+
+def _groups(a: pd.DataFrame, b: pd.DataFrame, keys: Sequence[str]) -> Iterator[tuple[pd.DataFrame, pd.DataFrame]]:
+    """The rows of a and b sharing each value of `keys` (one group without keys)."""
+    if not keys:
+        yield a, b
+        return
+
+    def split(df: pd.DataFrame) -> dict[tuple, pd.DataFrame]:
+        return {(k if isinstance(k, tuple) else (k,)): g for k, g in df.groupby(list(keys), sort=False, dropna=False)}
+    ga, gb = split(a), split(b)
+    for key in dict.fromkeys([*ga, *gb]):
+        yield ga.get(key, a.iloc[0:0]), gb.get(key, b.iloc[0:0])
+
+
+def _aligned(sa: pd.DataFrame, sb: pd.DataFrame, keys: Sequence[str]) -> list[str]:
+    """Keys a pair given by hand is matched within: those whose values the two selections
+    share while one spans several (base=tbe pairs dataset by dataset; base/random=tbe/medium
+    pairs the two points)."""
+    out = []
+    for k in keys:
+        va, vb = set(sa[k].dropna().astype(str)), set(sb[k].dropna().astype(str))
+        if va & vb and (len(va) > 1 or len(vb) > 1):
+            out.append(k)
+    return out
+
+
+def _key_value(ra: pd.Series | None, rb: pd.Series | None, k: str) -> Any:
+    """A key of a matched row: the shared value, or 'a → b' where a pair given by hand
+    crosses it (variant 'base → tbe')."""
+    if ra is None or rb is None:
+        return (rb if ra is None else ra).get(k)
+    va, vb = ra.get(k), rb.get(k)
+    return va if _same(va, vb) else f"{va} → {vb}"
+
+
+def _match(a: pd.DataFrame, b: pd.DataFrame, keys: Sequence[str], n_pairs: int, auto: bool) -> pd.DataFrame:
+    """match_kernels on exploded frames (see _explode; unique row labels)."""
+    a_s, b_s = _ordered(a), _ordered(b)
     rows: list[dict] = []
 
-    def pair_up(ga: pd.DataFrame, gb: pd.DataFrame, how: str, key_vals: dict) -> None:
-        for ia, ib in zip(ga.index, gb.index):
-            rows.append({**key_vals, "a_index": ia, "b_index": ib, "match": how})
+    def emit(ia: Any, ib: Any, how: str) -> None:
+        ra = a.loc[ia] if pd.notna(ia) else None
+        rb = b.loc[ib] if pd.notna(ib) else None
+        rows.append({**{k: _key_value(ra, rb, k) for k in keys}, "a_index": ia, "b_index": ib, "match": how})
 
-    def groups(df: pd.DataFrame) -> dict[tuple, pd.DataFrame]:
-        if not keys:
-            return {(): df}
-        return {(k if isinstance(k, tuple) else (k,)): g for k, g in df.groupby(keys, sort=False, dropna=False)}
-
-    ga_all, gb_all = groups(a_left), groups(b_left)
-    for key in list(dict.fromkeys(list(ga_all) + list(gb_all))):
-        ga = ga_all.get(key, a_left.iloc[0:0])
-        gb = gb_all.get(key, b_left.iloc[0:0])
-        kv = dict(zip(keys, key))
-        used_a: set = set()
-        used_b: set = set()
-        for x, y in manual:
-            sa = ga[_matches(ga, x) & ~ga.index.isin(used_a)]
-            sb = gb[_matches(gb, y) & ~gb.index.isin(used_b)]
-            pair_up(sa, sb, MATCH_MANUAL, kv)
-            used_a |= set(sa.index[:len(sb)])
-            used_b |= set(sb.index[:len(sa)])
-        for how, name in ((MATCH_EXACT, lambda s: s), (MATCH_SIMILAR, similar_name)):
-            ra, rb = ga[~ga.index.isin(used_a)], gb[~gb.index.isin(used_b)]
-            if ra.empty or rb.empty:
-                break
-            na = ra["function"].astype(str).map(name) if "function" in ra.columns else pd.Series("", index=ra.index)
-            nb = rb["function"].astype(str).map(name) if "function" in rb.columns else pd.Series("", index=rb.index)
-            for n in dict.fromkeys(na):
-                sa, sb = ra[na == n], rb[nb == n]
-                if sb.empty:
-                    continue
-                pair_up(sa, sb, how, kv)
-                used_a |= set(sa.index[:len(sb)])
-                used_b |= set(sb.index[:len(sa)])
-        for i in ga.index[~ga.index.isin(used_a)]:
-            rows.append({**kv, "a_index": i, "b_index": pd.NA, "match": "only in a"})
-        for i in gb.index[~gb.index.isin(used_b)]:
-            rows.append({**kv, "a_index": pd.NA, "b_index": i, "match": "only in b"})
+    for i in range(n_pairs):
+        sa, sb = a_s[a_s["_pick"] == i], b_s[b_s["_pick"] == i]
+        for ga, gb in _groups(sa, sb, _aligned(sa, sb, keys)):
+            for r in _pair_rows(ga, gb, manual=True):
+                emit(*r)
+    if auto:
+        for ga, gb in _groups(a_s[a_s["_pick"] == -1], b_s[b_s["_pick"] == -1], keys):
+            for r in _pair_rows(ga, gb, manual=False):
+                emit(*r)
     out = pd.DataFrame(rows, columns=[*keys, "a_index", "b_index", "match"])
     out["a_index"] = out["a_index"].astype("Int64")
     out["b_index"] = out["b_index"].astype("Int64")
     return out
+
+
+def match_kernels(a: pd.DataFrame, b: pd.DataFrame, keys: Sequence[str] = (),
+                  pairs: Iterable[str] | Mapping[str, str] | None = None, auto: bool = True) -> pd.DataFrame:
+    """Pair the kernels of two one-row-per-kernel frames.
+
+    First the `pairs` given by hand (A=B, each side a KernelSelector: a variant, a
+    variant/dataset, an NVTX range, a function or demangled name, a kernel ID), across
+    groups: within each key value the two selections share (see _aligned); inside a pair
+    the same name, a similar one, then longest with longest. Then, unless `auto` is False
+    (a source compared with itself: only what was asked), the rest within each group of
+    `keys` (e.g. variant, dataset for two runs): the same demangled base name, then a
+    similar name (trailing version digits dropped: nodeByPoint5 ~ nodeByPoint); inside
+    each name the i-th launch of A pairs with the i-th of B. Returns one row per pair or
+    leftover kernel: a_index / b_index (row labels of `a` / `b`, <NA> on the side that
+    lacks it), `match` (how it was paired, or 'only in a' / 'only in b') and the keys
+    ('a → b' where a pair crosses one).
+    """
+    keys = [k for k in keys if k in a.columns and k in b.columns]
+    sel = _selectors(pairs)
+    ea = _explode(a, [x for x, _ in sel], "the first source")
+    eb = _explode(b, [y for _, y in sel], "the second source")
+    out = _match(ea, eb, keys, len(sel), auto)
+    for side, e in (("a_index", ea), ("b_index", eb)):
+        out[side] = pd.Series([e.at[i, "_row"] if pd.notna(i) else pd.NA for i in out[side]], index=out.index,
+                              dtype="Int64")
+    return out
+
+
+def _labelled(k: pd.DataFrame, c: str) -> bool:
+    return c in k.columns and k[c].fillna("").astype(str).ne("").any()
+
+
+def _point_keys(ka: pd.DataFrame, kb: pd.DataFrame) -> list[str]:
+    """variant/dataset when both sides carry them (two runs), else none (any report)."""
+    return [c for c in ("variant", "dataset") if _labelled(ka, c) and _labelled(kb, c)]
+
+
+def _launch_label(function: Any, launches: int, tables: Any) -> str:
+    t = int(tables) if pd.notna(tables) and float(tables) > 1 else 1
+    n = "1 launch" if launches == 1 else f"mean of {launches} launches"
+    return f"{function} ({n}" + ("" if t == 1 else f", {t} tables each" if launches > 1 else f", {t} tables") + ")"
+
+
+def average_launches(k: pd.DataFrame) -> pd.DataFrame:
+    """A run's kernels one row per (variant, dataset, function): the mean launch (a run
+    profiles the same kernel on several tables), `launches` counting them and `_launches`
+    holding their row labels (`_row` where _explode set it); frames without variant and
+    dataset (an imported report) keep one row per launch. A `_pick` column (the --pair
+    that chose a launch) keeps what two pairs chose apart."""
+    if k.empty:
+        return k.assign(launches=pd.Series(dtype="int64"), _launches=pd.Series(dtype=object))
+    rows_of = k["_row"] if "_row" in k.columns else pd.Series(k.index, index=k.index)
+    if not (_labelled(k, "variant") and _labelled(k, "dataset")):
+        return k.assign(launches=1, _launches=[(i,) for i in rows_of])
+    keys = [c for c in ("run", "variant", "dataset", "function", "_pick") if c in k.columns]
+    num = [c for c in k.columns if c not in keys and c not in ("kernel_id", "kid", "_row")
+           and pd.api.types.is_numeric_dtype(k[c]) and not pd.api.types.is_bool_dtype(k[c])]
+    rows = []
+    for _, g in k.groupby(keys, sort=False, dropna=False):
+        row = g.iloc[0].to_dict()
+        row.update(g[num].mean().to_dict())
+        if "kernel_id" in k.columns:
+            row["kernel_id"] = g["kernel_id"].min()
+        row["launches"], row["_launches"] = len(g), tuple(rows_of.loc[g.index])
+        row["label"] = _launch_label(row.get("function"), len(g), row.get("tables_per_launch"))
+        rows.append(row)
+    return pd.DataFrame(rows, columns=list(dict.fromkeys([*k.columns, "label", "launches", "_launches"])))
+
+
+@dataclass(frozen=True)
+class KernelPairs:
+    """Two sides' kernels ready to compare: `a` and `b` one row per compared kernel (a
+    run's launches averaged, see average_launches), `matched` as match_kernels returns it
+    (indexing a and b), `keys` the point keys it matched within."""
+
+    a: pd.DataFrame
+    b: pd.DataFrame
+    matched: pd.DataFrame
+    keys: tuple[str, ...]
+
+    def unmatched(self) -> pd.DataFrame:
+        """Kernels on one side only: keys, kernel (its label), only_in (a or b)."""
+        def label(frame: pd.DataFrame, i: Any) -> Any:
+            r = frame.loc[i]
+            return r.get("label", r.get("function"))
+        un = self.matched[self.matched["match"].str.startswith("only")]
+        return pd.DataFrame([{**{k: r[k] for k in self.keys},
+                              "kernel": label(self.a, r["a_index"]) if pd.notna(r["a_index"]) else
+                              label(self.b, r["b_index"]), "only_in": r["match"][-1]} for r in un.to_dict("records")],
+                            columns=[*self.keys, "kernel", "only_in"])
+
+
+def pair_kernels(a: pd.DataFrame, b: pd.DataFrame, pairs: Iterable[str] | Mapping[str, str] | None = None, *,
+                 auto: bool = True, where: tuple[str, str] = ("the first source", "the second source")
+                 ) -> KernelPairs:
+    """Kernels of two sources (one row per launch, with tables_per_launch for a run) paired
+    as match_kernels does, on their mean launches: the --pair selectors are resolved on the
+    launches first (an NVTX range or a kernel ID picks one table's launch), then each side's
+    launches are averaged per variant, dataset, function and pair."""
+    sel = _selectors(pairs)
+    a = average_launches(_explode(a, [x for x, _ in sel], where[0])).reset_index(drop=True)
+    b = average_launches(_explode(b, [y for _, y in sel], where[1])).reset_index(drop=True)
+    keys = _point_keys(a, b)
+    matched = _match(a, b, keys, len(sel), auto)
+    return KernelPairs(a, b, matched, tuple(keys))
 
 
 #: per-kernel columns compared between two sources, in reading order
@@ -275,15 +557,28 @@ KERNEL_DELTA_COLUMNS: tuple[str, ...] = (
 )
 
 
+def _per(row: pd.Series) -> tuple[str, float]:
+    """(the unit of a row's launch quantities, the tables its launch covers): 'table' for a
+    run's kernels (per_table_kernels has divided them), else 'launch'."""
+    if row.get("per") == "table":
+        t = row.get("tables_per_launch")
+        return "table", float(t) if t is not None and pd.notna(t) and float(t) > 0 else 1.0
+    return "launch", 1.0
+
+
 def kernel_deltas(a: pd.DataFrame, b: pd.DataFrame, matched: pd.DataFrame,
                   columns: Sequence[str] = KERNEL_DELTA_COLUMNS) -> pd.DataFrame:
-    """Long table over matched kernel pairs: metric, a, b, delta (b - a) and delta_pct.
-    Single profiles carry no confidence interval, so `significant` is left empty."""
+    """Long table over matched kernel pairs: metric, per (the unit of a launch quantity,
+    ncu.PER_LAUNCH: 'table' for a run's kernels, made per table by per_table_kernels,
+    'launch' for a report's; '' for rates, percentages and per-instruction stalls), a, b,
+    delta (b - a), delta_pct, and a_tables / b_tables (tables a launch covers). Single
+    profiles carry no confidence interval, so no significance is claimed."""
     rows = []
     pairs = matched[matched["a_index"].notna() & matched["b_index"].notna()]
     keys = [c for c in matched.columns if c not in ("a_index", "b_index", "match")]
     for pair_no, m in enumerate(pairs.to_dict("records")):
         ra, rb = a.loc[m["a_index"]], b.loc[m["b_index"]]
+        (ua, ta), (ub, tb) = _per(ra), _per(rb)
         for c in columns:
             if c not in a.columns or c not in b.columns:
                 continue
@@ -291,11 +586,41 @@ def kernel_deltas(a: pd.DataFrame, b: pd.DataFrame, matched: pd.DataFrame,
             if pd.isna(va) and pd.isna(vb):
                 continue
             va, vb = float(va) if pd.notna(va) else np.nan, float(vb) if pd.notna(vb) else np.nan
+            per = (ua if ua == ub else f"{ua} | {ub}") if c in ncu.PER_LAUNCH else ""
             rows.append({**{k: m[k] for k in keys}, "pair": pair_no, "match": m["match"],
-                         "a_kernel": ra.get("label", ra.get("function")), "b_kernel": rb.get("label", rb.get("function")),
-                         "metric": c, "a": va, "b": vb, "delta": vb - va,
+                         "a_kernel": ra.get("label", ra.get("function")),
+                         "b_kernel": rb.get("label", rb.get("function")), "a_tables": ta, "b_tables": tb,
+                         "metric": c, "per": per, "a": va, "b": vb, "delta": vb - va,
                          "delta_pct": 100 * (vb - va) / abs(va) if va else np.nan})
     return pd.DataFrame(rows)
+
+
+#: the metrics the report diffs each technique against base on (per table where extensive)
+VERSUS_COLUMNS: tuple[str, ...] = ("duration_ns", "dram_bytes_read", "l2_hit_rate_pct", "achieved_occupancy_pct",
+                                   "sm_throughput_pct", "dram_throughput_pct", "stall_long_scoreboard")
+
+
+def versus_reference(kernels: pd.DataFrame, reference: str = "base",
+                     columns: Sequence[str] = VERSUS_COLUMNS) -> pd.DataFrame:
+    """Each profiled variant against `reference`, dataset by dataset, on the lookup kernels'
+    mean launch per table (kernels: a run's, one row per launch, per_table_kernels;
+    the L2 pinning pre-pass is left out, as bench's per-table latency leaves it out).
+    kernel_deltas' long table plus `technique` (the variant compared); empty where the
+    reference was not profiled on a dataset another variant was."""
+    k = lookup_kernels(kernels)
+    if k.empty or not (_labelled(k, "variant") and _labelled(k, "dataset")):
+        return pd.DataFrame()
+    ref_sets = set(k.loc[k["variant"] == reference, "dataset"].astype(str))
+    frames = []
+    for v in dict.fromkeys(k["variant"].astype(str)):
+        ds = [d for d in dict.fromkeys(k.loc[k["variant"] == v, "dataset"].astype(str)) if d in ref_sets]
+        if v == reference or not ds:
+            continue
+        kp = pair_kernels(k, k, [(f"variant:{reference}/{d}", f"variant:{v}/{d}") for d in ds], auto=False)
+        d = kernel_deltas(kp.a, kp.b, kp.matched, columns)
+        if not d.empty:
+            frames.append(d.assign(technique=v))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
 # ------------------------------------------------------------- table diffs
@@ -306,25 +631,100 @@ def significant(delta: float, ci_a: float, ci_b: float) -> bool | None:
     return bool(abs(delta) > math.hypot(ci_a, ci_b))
 
 
-def diff_bench(a: pd.DataFrame, b: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Timed points of two runs joined on (variant, dataset, mode): per-table latency on
-    both sides with CIs, delta (µs, %) and whether it is significant (95%)."""
+_BENCH_COLS = ("variant", "dataset", "mode", "per_table_us", "ci95_us")
+
+
+def diff_bench(a: pd.DataFrame, b: pd.DataFrame, pairs: Iterable[str] | Mapping[str, str] | None = None,
+               auto: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Timed points of two runs: per-table latency on both sides with CIs, delta (µs, %) and
+    whether it is significant (95%). First each --pair whose sides name timed points (a
+    variant or variant/dataset: base=tbe puts base beside tbe dataset by dataset and mode
+    by mode; the variant column reads 'base → tbe'), then, unless `auto` is False, the rest
+    joined on (variant, dataset, mode). Bench's latency is per table for every variant (a
+    batched launch's batch / T), so nothing is divided here."""
     def ok(d: pd.DataFrame) -> pd.DataFrame:
         if d.empty or "status" not in d.columns:
-            return pd.DataFrame(columns=["variant", "dataset", "mode", "per_table_us", "ci95_us"])
+            return pd.DataFrame(columns=list(_BENCH_COLS))
         d = d[d["status"] == "ok"]
-        return d[[c for c in ("variant", "dataset", "mode", "per_table_us", "ci95_us") if c in d.columns]]
+        return d.reindex(columns=list(_BENCH_COLS)).reset_index(drop=True)
 
-    keys = ["variant", "dataset", "mode"]
-    m = ok(a).merge(ok(b), on=keys, how="outer", suffixes=("_a", "_b"), indicator=True)
-    both = m[m["_merge"] == "both"].drop(columns="_merge").reset_index(drop=True)
+    sel = _selectors(pairs)
+    A, B = _explode(ok(a), [x for x, _ in sel], "the first run"), _explode(ok(b), [y for _, y in sel], "the second run")
+    both_frames, un_frames = [], []
+
+    def join(sa: pd.DataFrame, sb: pd.DataFrame, on: list[str], how: str) -> None:
+        m = sa.merge(sb, on=on, how="outer", suffixes=("_a", "_b"), indicator=True)
+        for k in ("variant", "dataset"):
+            if k not in on:   # a key the pair crosses: 'base → tbe'
+                m[k] = [x if pd.isna(y) or x == y else y if pd.isna(x) else f"{x} → {y}"
+                        for x, y in zip(m[f"{k}_a"], m[f"{k}_b"])]
+        m["match"] = how
+        both_frames.append(m[m["_merge"] == "both"])
+        un = m[m["_merge"] != "both"]
+        un_frames.append(un.assign(only_in=un["_merge"].map({"left_only": "a", "right_only": "b"}))
+                         [["variant", "dataset", "mode", "only_in"]])
+
+    for i in range(len(sel)):
+        sa, sb = A[A["_pick"] == i], B[B["_pick"] == i]
+        if not sa.empty and not sb.empty:
+            join(sa, sb, [*_aligned(sa, sb, ("variant", "dataset")), "mode"], MATCH_MANUAL)
+    if auto:
+        join(A[A["_pick"] == -1], B[B["_pick"] == -1], ["variant", "dataset", "mode"], "same point")
+    cols = ["variant", "dataset", "mode", "per_table_us_a", "ci95_us_a", "per_table_us_b", "ci95_us_b", "match"]
+    both = pd.concat([f.reindex(columns=cols) for f in both_frames], ignore_index=True) if both_frames else \
+        pd.DataFrame(columns=cols)
     both["delta_us"] = both["per_table_us_b"] - both["per_table_us_a"]
     both["delta_pct"] = 100 * both["delta_us"] / both["per_table_us_a"]
     both["significant"] = [significant(d, x, y) for d, x, y in
-                           zip(both["delta_us"], both.get("ci95_us_a", np.nan), both.get("ci95_us_b", np.nan))]
-    un = m[m["_merge"] != "both"][keys + ["_merge"]].rename(columns={"_merge": "only_in"})
-    un["only_in"] = un["only_in"].map({"left_only": "a", "right_only": "b"})
+                           zip(both["delta_us"], both["ci95_us_a"], both["ci95_us_b"])]
+    un = pd.concat(un_frames, ignore_index=True) if un_frames else \
+        pd.DataFrame(columns=["variant", "dataset", "mode", "only_in"])
     return both, un.reset_index(drop=True)
+
+
+@dataclass(frozen=True)
+class SlowdownGate:
+    """The regression gate of `compare A B --fail-if-slower PCT`: a point of B fails when
+    its per-table latency exceeds A's by more than PCT percent of A's plus the 95% CI of the
+    difference (sqrt(ci_a² + ci_b²)), so noise alone never fails a build. A point with an
+    unknown CI is judged on its means; an infinite CI (one repetition) cannot be exceeded."""
+
+    max_slowdown_pct: float
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.max_slowdown_pct) or self.max_slowdown_pct < 0:
+            raise ConfigError(f"--fail-if-slower {self.max_slowdown_pct:g}: give a percentage >= 0 (5 allows 5% "
+                              "slower)")
+
+    def judge(self, bench: pd.DataFrame) -> pd.DataFrame:
+        """diff_bench's joined points with allowed_us (the slowdown allowed: PCT of a plus
+        the CI of the difference) and slower (delta_us > allowed_us)."""
+        if bench.empty:
+            return bench.assign(allowed_us=pd.Series(dtype=float), slower=pd.Series(dtype=bool))
+        ci = np.hypot(bench["ci95_us_a"].astype(float).fillna(0.0), bench["ci95_us_b"].astype(float).fillna(0.0))
+        allowed = self.max_slowdown_pct / 100 * bench["per_table_us_a"].astype(float) + ci
+        return bench.assign(allowed_us=allowed, slower=bench["delta_us"].astype(float) > allowed)
+
+    def check(self, bench: pd.DataFrame, a_name: str, b_name: str) -> pd.DataFrame:
+        """The judged points; SlowerThanBaseline naming the slower ones, RunDirError when the
+        two runs share no timed point (a gate that judged nothing must not pass)."""
+        if bench.empty:
+            raise RunDirError(f"--fail-if-slower: {a_name} and {b_name} share no timed point (same variant, dataset "
+                              "and mode, or a --pair), so nothing can be judged; bench both runs")
+        judged = self.judge(bench)
+        bad = judged[judged["slower"]]
+        if not bad.empty:
+            def point(r: dict) -> str:
+                ci = "" if pd.isna(r["ci95_us_a"]) or pd.isna(r["ci95_us_b"]) else \
+                    f", 95% CIs ±{r['ci95_us_a']:.2g}/±{r['ci95_us_b']:.2g}"
+                return (f"{r['variant']}, {r['dataset']}, {r['mode']}: {r['delta_pct']:+.1f}% "
+                        f"({r['per_table_us_a']:.4g} → {r['per_table_us_b']:.4g} µs per table{ci})")
+            listed = "; ".join(point(r) for r in bad.head(10).to_dict("records"))
+            more = f"; and {len(bad) - 10} more" if len(bad) > 10 else ""
+            raise SlowerThanBaseline(escape_text(
+                f"{len(bad)} of {len(judged)} timed point(s) of {b_name} are more than {self.max_slowdown_pct:g}% "
+                f"slower than {a_name} beyond the 95% CIs: {listed}{more}"))
+        return judged
 
 
 STATIC_KEYS = ("variant", "arch", "role", "maxrregcount", "sweep")
@@ -439,15 +839,25 @@ def _open(source: str | Path) -> tuple[Run | None, pd.DataFrame]:
     return None, read_any(p, run=p.stem)
 
 
-def comparable_metrics(source: str | Path) -> pd.DataFrame:
-    """Tidy metrics of a run directory (ncu metrics plus bench latencies as metrics named
-    'bench.<mode>.per_table_us') or of any .ncu-rep / ncu CSV file."""
-    run, m = _open(source)
-    frames = []
-    if not m.empty:
-        frames.append(m)
-    if run is not None and not run.bench.empty:
-        ok = run.bench[run.bench["status"] == "ok"]
+def _same_source(a: str | Path, b: str | Path) -> bool:
+    """Whether both sides are one run or report (then only the pairs asked for compare:
+    everything else would be compared with itself)."""
+    try:
+        return Path(a).resolve() == Path(b).resolve()
+    except OSError:
+        return False
+
+
+def _bench_ok(run: Run | None) -> pd.DataFrame:
+    if run is None or run.bench.empty or "status" not in run.bench.columns:
+        return pd.DataFrame()
+    return run.bench[run.bench["status"] == "ok"]
+
+
+def _comparable(run: Run | None, m: pd.DataFrame) -> pd.DataFrame:
+    frames = [m] if not m.empty else []
+    ok = _bench_ok(run)
+    if not ok.empty:
         frames.append(pd.DataFrame({"variant": ok["variant"], "dataset": ok["dataset"], "function": "(bench)",
                                     "kernel_id": -1, "metric": "bench." + ok["mode"] + ".per_table_us", "unit": "us",
                                     "value": ok["per_table_us"]}))
@@ -456,37 +866,68 @@ def comparable_metrics(source: str | Path) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def _point_keys(ka: pd.DataFrame, kb: pd.DataFrame) -> list[str]:
-    """variant/dataset when both sides carry them (two runs), else none (any report)."""
-    def labelled(k: pd.DataFrame, c: str) -> bool:
-        return c in k.columns and k[c].fillna("").astype(str).ne("").any()
-    return [c for c in ("variant", "dataset") if labelled(ka, c) and labelled(kb, c)]
+def comparable_metrics(source: str | Path) -> pd.DataFrame:
+    """Tidy metrics of a run directory (ncu metrics plus bench latencies as metrics named
+    'bench.<mode>.per_table_us') or of any .ncu-rep / ncu CSV file."""
+    return _comparable(*_open(source))
+
+
+def _kernel_rows(run: Run | None, m: pd.DataFrame, bench: bool = False) -> pd.DataFrame:
+    """One row per profiled launch (kernel_summary), per table for a run; with
+    `bench`, one '(bench)' row per timed point too (its latencies are raw metrics)."""
+    k = kernel_summary(m)
+    if run is not None:
+        k = per_table_kernels(k, run)
+    ok = _bench_ok(run) if bench else pd.DataFrame()
+    if not ok.empty:
+        pts = ok[["variant", "dataset"]].drop_duplicates().assign(function="(bench)", kernel_id=-1)
+        k = pd.concat([k, pts], ignore_index=True) if not k.empty else pts.reset_index(drop=True)
+    return k
+
+
+_LAUNCH_IDENT = ("run", "report", "kernel_id", "function", "variant", "dataset")
+
+
+def _launch_metrics(m: pd.DataFrame, k: pd.DataFrame, launches: Sequence[Any]) -> pd.Series:
+    """Raw metrics of the launches (row labels of `k`), averaged per metric."""
+    frames = [_rows(m, k.loc[i], _LAUNCH_IDENT) for i in launches]
+    rows = pd.concat(frames) if frames else m.iloc[0:0]
+    return rows.groupby("metric")["value"].mean()
 
 
 def compare_sources(a: str | Path, b: str | Path, metric_filter: str | None = None,
                     pairs: Iterable[str] | Mapping[str, str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Metric-by-metric comparison of the kernels two runs or reports share, largest
-    relative change first. Kernels are paired by `match_kernels` (base name and launch
-    order, `pairs`, similar names). Returns (shared: one row per kernel pair x raw
-    metric with a, b, delta, ratio; unmatched kernels)."""
-    ma, mb = comparable_metrics(a), comparable_metrics(b)
+    relative change first. Kernels are paired by `pair_kernels` (the `pairs` given by hand,
+    base name and launch order, similar names; a run's launches averaged); a launch's
+    totals (`.sum` counters: bytes, sectors, instructions, duration) are per table where
+    the side knows its tables per launch (column per). Returns (shared: one row per kernel
+    pair x raw metric with a, b, delta, ratio; unmatched kernels)."""
+    run_a, ma = _open(a)
+    run_b, mb = _open(b)
+    ka, kb = _kernel_rows(run_a, ma, bench=True), _kernel_rows(run_b, mb, bench=True)
+    check_pairs(pairs, [ka], [kb], str(a), str(b))
+    xa, xb = _comparable(run_a, ma), _comparable(run_b, mb)
     if metric_filter:
-        ma = ma[ma["metric"].str.contains(metric_filter, regex=False)]
-        mb = mb[mb["metric"].str.contains(metric_filter, regex=False)]
-    kcols = [c for c in ("variant", "dataset", "report", "kernel_id", "function", "kernel_name")]
-    ka = ma.reindex(columns=kcols).drop_duplicates(["variant", "dataset", "report", "kernel_id", "function"])
-    kb = mb.reindex(columns=kcols).drop_duplicates(["variant", "dataset", "report", "kernel_id", "function"])
-    ka, kb = ka.reset_index(drop=True), kb.reset_index(drop=True)
-    keys = _point_keys(ka, kb)
-    matched = match_kernels(ka, kb, keys, pairs)
+        xa = xa[xa["metric"].str.contains(metric_filter, regex=False)]
+        xb = xb[xb["metric"].str.contains(metric_filter, regex=False)]
+    cols = ["function", "a_kernel", "b_kernel", "match", "metric", "per", "a", "b"]
+    if ka.empty or kb.empty:
+        return pd.DataFrame(columns=[*cols, "delta", "ratio"]), pd.DataFrame()
+    kp = pair_kernels(ka, kb, pairs, auto=not (_same_source(a, b) and parse_pairs(pairs)), where=(str(a), str(b)))
+    keys = list(kp.keys)
     frames = []
-    ident = ["report", "kernel_id", "function"]
-    for m in matched[matched["a_index"].notna() & matched["b_index"].notna()].to_dict("records"):
-        ra, rb = ka.loc[m["a_index"]], kb.loc[m["b_index"]]
-        sa = _rows(ma, ra, ident + keys)[["metric", "value"]].groupby("metric")["value"].mean().rename("a")
-        sb = _rows(mb, rb, ident + keys)[["metric", "value"]].groupby("metric")["value"].mean().rename("b")
-        j = pd.concat([sa, sb], axis=1).dropna(how="any").reset_index()
-        for k in keys:
+    for m in kp.matched[kp.matched["a_index"].notna() & kp.matched["b_index"].notna()].to_dict("records"):
+        ra, rb = kp.a.loc[m["a_index"]], kp.b.loc[m["b_index"]]
+        (ua, ta), (ub, tb) = _per(ra), _per(rb)
+        sa = _launch_metrics(xa, ka, ra["_launches"]).rename("a")
+        sb = _launch_metrics(xb, kb, rb["_launches"]).rename("b")
+        j = pd.concat([sa, sb], axis=1).dropna(how="any").rename_axis("metric").reset_index()
+        big = j["metric"].map(extensive_raw)
+        j.loc[big, "a"] = j.loc[big, "a"] / ta
+        j.loc[big, "b"] = j.loc[big, "b"] / tb
+        j.insert(1, "per", np.where(big, ua if ua == ub else f"{ua} | {ub}", ""))
+        for k in reversed(keys):
             j.insert(0, k, m[k])
         j.insert(len(keys), "function", ra["function"] if ra["function"] == rb["function"]
                  else f"{ra['function']} ~ {rb['function']}")
@@ -494,18 +935,16 @@ def compare_sources(a: str | Path, b: str | Path, metric_filter: str | None = No
         j.insert(len(keys) + 2, "b_kernel", rb["kernel_id"])
         j.insert(len(keys) + 3, "match", m["match"])
         frames.append(j)
-    both = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
-        columns=[*keys, "function", "a_kernel", "b_kernel", "match", "metric", "a", "b"])
+    both = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=[*keys, *cols])
     both["delta"] = both["b"] - both["a"]
     both["ratio"] = both["b"] / both["a"].replace(0, np.nan)
     order = (both["ratio"] - 1).abs().sort_values(ascending=False, kind="stable").index
-    un = matched[matched["a_index"].isna() | matched["b_index"].isna()]
+    un = kp.matched[kp.matched["a_index"].isna() | kp.matched["b_index"].isna()]
     unmatched = pd.DataFrame([{**{k: r[k] for k in keys},
-                               **({"function": ka.loc[r["a_index"], "function"], "kernel_id": ka.loc[r["a_index"],
-                                                                                                   "kernel_id"]}
-                                  if pd.notna(r["a_index"]) else
-                                  {"function": kb.loc[r["b_index"], "function"],
-                                   "kernel_id": kb.loc[r["b_index"], "kernel_id"]}),
+                               **({"function": kp.a.loc[r["a_index"], "function"],
+                                   "kernel_id": kp.a.loc[r["a_index"], "kernel_id"]} if pd.notna(r["a_index"]) else
+                                  {"function": kp.b.loc[r["b_index"], "function"],
+                                   "kernel_id": kp.b.loc[r["b_index"], "kernel_id"]}),
                                "only_in": "a" if pd.notna(r["a_index"]) else "b"} for r in un.to_dict("records")])
     return both.loc[order].reset_index(drop=True), unmatched
 
@@ -522,35 +961,39 @@ def _rows(m: pd.DataFrame, r: pd.Series, cols: Sequence[str]) -> pd.DataFrame:
 def compare_all(a: str | Path, b: str | Path, pairs: Iterable[str] | Mapping[str, str] | None = None
                 ) -> dict[str, pd.DataFrame]:
     """Everything two sources (runs or reports) can be compared on, as named frames:
-    kernels (key per-kernel metrics of matched kernels), unmatched_kernels, bench,
-    unmatched_points, static, static_unmatched, predictions, predictions_unmatched,
-    sass, sass_unmatched. Raises RunDirError when the two share nothing comparable."""
+    kernels (key per-kernel metrics of matched kernels, per table: see kernel_deltas),
+    unmatched_kernels, bench, unmatched_points, static, static_unmatched, predictions,
+    predictions_unmatched, sass, sass_unmatched. A source compared with itself compares
+    only the `pairs` asked for (base=tbe within one run), and not its static tables, SASS
+    or predictions. Raises ConfigError for a pair that designates nothing, RunDirError
+    when the two share nothing comparable."""
     run_a, ma = _open(a)
     run_b, mb = _open(b)
     out: dict[str, pd.DataFrame] = {}
-    ka, kb = kernel_summary(ma), kernel_summary(mb)
-    check_pairs(pairs, [ka], [kb], str(a), str(b))
+    ka, kb = _kernel_rows(run_a, ma), _kernel_rows(run_b, mb)
+    check_pairs(pairs, [ka, _bench_ok(run_a)], [kb, _bench_ok(run_b)], str(a), str(b))
+    asked = bool(parse_pairs(pairs))
+    auto = not (asked and _same_source(a, b))
     if not ka.empty and not kb.empty:
-        keys = _point_keys(ka, kb)
-        matched = match_kernels(ka, kb, keys, pairs)
-        out["kernels"] = kernel_deltas(ka, kb, matched)
-        un = matched[matched["a_index"].isna() | matched["b_index"].isna()]
-        out["unmatched_kernels"] = pd.DataFrame(
-            [{**{k: r[k] for k in keys}, "kernel": (ka.loc[r["a_index"], "label"] if pd.notna(r["a_index"])
-                                                    else kb.loc[r["b_index"], "label"]), "only_in": r["match"][-1]}
-             for r in un.to_dict("records")])
+        kp = pair_kernels(ka, kb, pairs, auto=auto, where=(str(a), str(b)))
+        out["kernels"] = kernel_deltas(kp.a, kp.b, kp.matched)
+        out["unmatched_kernels"] = kp.unmatched()
     if run_a is not None and run_b is not None:
-        out["bench"], out["unmatched_points"] = diff_bench(run_a.bench, run_b.bench)
-        out["static"], out["static_unmatched"], same = diff_static(run_a.static, run_b.static)
-        out["static_unchanged"] = pd.DataFrame({"rows": [same]})
-        out["predictions"], out["predictions_unmatched"] = diff_predictions(run_a.predictions, run_b.predictions)
-        out["sass"], out["sass_unmatched"], same = diff_sass(_sass_of(run_a), _sass_of(run_b))
-        out["sass_unchanged"] = pd.DataFrame({"rows": [same]})
+        out["bench"], out["unmatched_points"] = diff_bench(run_a.bench, run_b.bench, pairs, auto=auto)
+        if auto:
+            out["static"], out["static_unmatched"], same = diff_static(run_a.static, run_b.static)
+            out["static_unchanged"] = pd.DataFrame({"rows": [same]})
+            out["predictions"], out["predictions_unmatched"] = diff_predictions(run_a.predictions,
+                                                                                run_b.predictions)
+            out["sass"], out["sass_unmatched"], same = diff_sass(_sass_of(run_a), _sass_of(run_b))
+            out["sass_unchanged"] = pd.DataFrame({"rows": [same]})
     compared = [k for k in ("kernels", "unmatched_kernels", "bench", "predictions")
                 if not out.get(k, pd.DataFrame()).empty]
     compared += [k for k in ("static", "sass") if not out.get(k, pd.DataFrame()).empty
                  or int(out.get(f"{k}_unchanged", pd.DataFrame({"rows": [0]}))["rows"].iloc[0]) > 0]
     if not compared:
-        raise RunDirError(f"{a} and {b} hold nothing to compare: no profiled kernel on either side, and no "
-                          "timed point, static row, SASS row or prediction on both sides")
+        raise RunDirError(f"{a} and {b} hold nothing to compare: " + (
+            "no kernel or timed point pairs up as --pair asks" if asked else
+            "no profiled kernel on either side, and no timed point, static row, SASS row or prediction on both "
+            "sides"))
     return out

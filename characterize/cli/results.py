@@ -56,8 +56,9 @@ def import_cmd(report: Path, output: Path | None, as_wide: bool, run_name: str) 
 @click.option("--title", default=None, help="page title")
 @click.option("--no-compare", is_flag=True, help="several sources side by side, without comparison sections")
 @click.option("--pair", "pairs", multiple=True, metavar="A=B",
-              help="pair kernel A of the first source with kernel B of another in comparisons (function names, "
-                   "demangled names or #IDs; repeatable)")
+              help="pair A of the first source with B of another in comparisons, or of a single source with "
+                   "itself: a variant (base), variant/dataset, NVTX range, function or demangled name, or #ID "
+                   "(repeatable)")
 def report(sources: tuple[Path, ...], output: Path, title: str | None, no_compare: bool,
            pairs: tuple[str, ...]) -> None:
     """Self-contained HTML report of run directories and/or .ncu-rep / CSV files
@@ -73,7 +74,8 @@ def report(sources: tuple[Path, ...], output: Path, title: str | None, no_compar
 
 
 # ------------------------------------------------------------------- compare
-_KERNEL_COLS = ("variant", "dataset", "a_kernel", "b_kernel", "match", "metric", "a", "b", "delta", "change")
+_KERNEL_COLS = ("variant", "dataset", "a_kernel", "b_kernel", "match", "metric", "per", "a", "b", "delta",
+                "change")
 
 
 def metric_cells(metric: str, a: float, b: float, delta: float, rel: float) -> tuple[str, str, str, str]:
@@ -119,34 +121,54 @@ def _section(title: str, frame, columns=None, top: int | None = None) -> None:  
 @click.option("--metric", "metric_filter", default=None,
               help="also list every raw ncu metric containing this text, matched kernel by matched kernel")
 @click.option("--pair", "pairs", multiple=True, metavar="A=B",
-              help="pair kernel A of the first with kernel B of the second (function names, demangled names or "
-                   "#IDs; repeatable)")
+              help="put kernels A of the first beside kernels B of the second: a variant (base=tbe), "
+                   "variant/dataset (rpf/random=combined/random), NVTX range, function or demangled name, or #ID "
+                   "(tbe#0 where reports share IDs); repeatable. A and B may be one run: then only the pairs compare")
+@click.option("--fail-if-slower", "fail_pct", type=float, default=None, metavar="PCT",
+              help="regression gate: exit 15, naming the points, when a timed point of B is more than PCT%% slower "
+                   "than A's beyond both 95%% CIs")
 @click.option("--json", "as_json", is_flag=True)
 @wide_option
-def compare(a: Path, b: Path, top: int, metric_filter: str | None, pairs: tuple[str, ...], as_json: bool) -> None:
-    """Compare two runs or reports as the report does: kernels matched by base name and
-    launch order (--pair for the rest) with deltas; between two runs also timings with
-    significance, the static characterization, SASS hot loops and model predictions."""
-    from characterize.analysis.compare import compare_all, compare_sources, parse_pairs
+def compare(a: Path, b: Path, top: int, metric_filter: str | None, pairs: tuple[str, ...], fail_pct: float | None,
+            as_json: bool) -> None:
+    """Compare two runs or reports, or kernels of one run (--pair base=tbe), as Nsight
+    Compute's baseline does: kernels matched by --pair, base name and launch order, with
+    every metric's delta, per table (a batched launch divided by the tables it covers);
+    between two runs also timings with significance, the static characterization, SASS hot
+    loops and model predictions."""
+    from characterize.analysis.compare import SlowdownGate, compare_all, compare_sources, parse_pairs
 
     parse_pairs(pairs)
+    gate = SlowdownGate(fail_pct) if fail_pct is not None else None   # a bad PCT is refused before any work
     parts = compare_all(a, b, pairs)
+    if gate is not None and "bench" not in parts:
+        from characterize.errors import ConfigError
+
+        raise ConfigError(f"--fail-if-slower judges timed points: {a if Path(a).is_file() else b} is a report, "
+                          "not a run; give two run directories")
     if as_json or metric_filter:  # every raw metric of every matched kernel: only when asked for
         both, unmatched = compare_sources(a, b, metric_filter, pairs)
     if as_json:
         out = {k: v.to_dict("records") for k, v in parts.items()}
         out |= {"shared": both.to_dict("records"), "unmatched": unmatched.to_dict("records")}
         echo(json.dumps(out, indent=1, default=str))
+        if gate is not None:
+            judged = gate.check(parts["bench"], str(a), str(b))
+            echo_err(f"--fail-if-slower {fail_pct:g}: none of {len(judged)} timed point(s) is slower")
         return
     echo(f"A = {a}\nB = {b}")
+    same = Path(a).resolve() == Path(b).resolve()
+    if same and pairs:
+        echo("(one source on both sides: only the --pair kernels and points are compared)")
     k = parts.get("kernels")
     if k is not None:
         kk = k.copy()
         if not kk.empty:
             cells = [metric_cells(*r) for r in zip(kk["metric"], kk["a"], kk["b"], kk["delta"], kk["delta_pct"])]
             kk["a"], kk["b"], kk["delta"], kk["change"] = (list(c) for c in zip(*cells))
-        _section("Matched kernels (base name + launch order, --pair, similar names): b - a; percentages change by "
-                 "percentage points (pp), change: relative", kk, _KERNEL_COLS, top)
+        _section("Matched kernels (--pair, base name + launch order, similar names): b - a; per: the unit of "
+                 "durations, bytes and counts (per table: a batched launch divided by the tables it covers); "
+                 "percentages change by percentage points (pp), change: relative", kk, _KERNEL_COLS, top)
         un = parts.get("unmatched_kernels")
         if un is not None and not un.empty:
             _section(f"{len(un)} kernel(s) present in only one of them (not compared; pair them with --pair A=B):",
@@ -155,6 +177,7 @@ def compare(a: Path, b: Path, top: int, metric_filter: str | None, pairs: tuple[
         _section("Timed points (per-table latency, µs; significant: |delta| > 95% CI of the difference)",
                  parts["bench"], ("variant", "dataset", "mode", "per_table_us_a", "ci95_us_a", "per_table_us_b",
                                   "ci95_us_b", "delta_us", "delta_pct", "significant"), top)
+    if "static" in parts:
         _section("Static characterization: changed values", parts["static"],
                  ("variant", "arch", "role", "maxrregcount", "sweep", "column", "a", "b", "delta"), top)
         echo(f"({int(parts['static_unchanged']['rows'].iloc[0])} static row(s) unchanged)")
@@ -167,5 +190,11 @@ def compare(a: Path, b: Path, top: int, metric_filter: str | None, pairs: tuple[
                  ("variant", "dataset", "gpu", "mode", "time_us_a", "time_us_b", "delta_us", "delta_pct",
                   "outside_band"), top)
     if metric_filter:
-        _section(f"Raw metrics containing {metric_filter!r}, largest relative change first", both,
-                 ("variant", "dataset", "function", "a_kernel", "b_kernel", "metric", "a", "b", "delta", "ratio"), top)
+        _section(f"Raw metrics containing {metric_filter!r}, largest relative change first (per: the unit of a "
+                 "launch's .sum totals)", both,
+                 ("variant", "dataset", "function", "a_kernel", "b_kernel", "metric", "per", "a", "b", "delta",
+                  "ratio"), top)
+    if gate is not None:
+        judged = gate.check(parts["bench"], str(a), str(b))
+        echo(f"\n--fail-if-slower {fail_pct:g}: none of {len(judged)} timed point(s) is more than {fail_pct:g}% "
+             "slower beyond the 95% CIs")

@@ -16,7 +16,6 @@ from characterize import __version__
 from characterize.analysis.answer import ModelValidation
 from characterize.analysis.compare import check_pairs
 from characterize.errors import CharacterizeError, ReportError
-from characterize.store import MergedRun, Run, load_run, same_experiment
 from characterize.files import check_output, write_atomic
 from characterize.report.blocks import Cell, Missing, NoteBlock, TableBlock
 from characterize.report.headline import answer_boxes
@@ -24,6 +23,7 @@ from characterize.report.layout import NEEDS, Panel, gpu_command, never_measured
 from characterize.report.panels.catalog import COMPARE_PANELS, IMPORT_PANELS, RUN_PANELS
 from characterize.report.provenance import PROVENANCE, Provenance
 from characterize.report.sources import Pair, RunSource, open_source
+from characterize.store import MergedRun, Run, complementary, load_run
 
 TEMPLATES = Path(__file__).parent / "templates"
 # ================================================================== rendering
@@ -185,20 +185,27 @@ def build_report(sources: Any, *, title: str | None = None, strict: bool = False
         raise ReportError("nothing to report: give at least one run directory or report file")
     srcs = [open_source(s, i) for i, s in enumerate(merged(items), 1)]
     _distinct_labels(srcs)
-    if pairs and compare and len(srcs) > 1:   # a --pair that names no kernel is said, not ignored
-        check_pairs(pairs, [srcs[0].kview], [s.kview for s in srcs[1:]], srcs[0].label,
-                    ", ".join(s.label for s in srcs[1:]))
+    if pairs and compare:   # a --pair that names no kernel or timed point is said, not ignored
+        def held(src: Any) -> list[Any]:
+            return [src.kview, *([src.bench_ok] if isinstance(src, RunSource) else [])]
+        rest = srcs[1:] or srcs[:1]
+        check_pairs(pairs, held(srcs[0]), [f for s in rest for f in held(s)], srcs[0].label,
+                    ", ".join(s.label for s in rest))
     rendered = []
     for src in srcs:
         panels = RUN_PANELS if src.kind == "run" else IMPORT_PANELS
         kind = "run" if src.kind == "run" else "Nsight Compute report"
         rendered.append(RenderedSource(src.slug, src.label, kind, _sections(panels, src, strict)))
     comparisons, pair_list = [], []
-    for i, other in enumerate(srcs[1:] if compare else [], 1):
+    # one source and --pair: the named kernels of that source against each other (only those)
+    others = srcs[1:] if len(srcs) > 1 else srcs[:1] if pairs else []
+    for i, other in enumerate(others if compare else [], 1):
         pair = Pair(srcs[0], other, i, tuple(pairs))
         pair_list.append(pair)
         both_runs = src_is_run(pair.a) and src_is_run(pair.b)
-        panels = [p for p in COMPARE_PANELS if p.id not in RUN_ONLY_COMPARE or both_runs]
+        itself = pair.a is pair.b   # only the --pair kernels and points: its static facts equal themselves
+        panels = [p for p in COMPARE_PANELS
+                  if p.id not in RUN_ONLY_COMPARE or (both_runs and not itself) or (itself and p.id == "bench")]
         comparisons.append(RenderedSource(pair.slug, pair.label, "comparison", _sections(panels, pair, strict)))
     used = sorted({p.key for r in rendered + comparisons for sec in r.sections for pn in sec.panels
                    for p in pn.provenance}, key=list(PROVENANCE).index)
@@ -216,8 +223,8 @@ def build_report(sources: Any, *, title: str | None = None, strict: bool = False
 
 
 def merged(items: Sequence[Any]) -> list[Any]:
-    """The sources with the runs of one experiment on one GPU merged into one run (store.
-    MergedRun: a bench from one run, a profile from another, predictions added elsewhere),
+    """The sources with the runs that complete each other merged into one run (store.
+    complementary, MergedRun: a bench from one run, a profile of other points from another),
     where the first of them stood; report files and other runs as given."""
     out: list[Any] = []
     runs: list[tuple[int, Run]] = []
@@ -226,8 +233,7 @@ def merged(items: Sequence[Any]) -> list[Any]:
         if run is None:
             out.append(item)
             continue
-        home = next((i for i, r in runs if same_experiment(r if not isinstance(r, MergedRun) else r.parts[0], run)),
-                    None)
+        home = next((i for i, r in runs if complementary(r.parts if isinstance(r, MergedRun) else [r], run)), None)
         if home is None:
             runs.append((len(out), run))
             out.append(run)
@@ -279,8 +285,9 @@ def render_report(sources: Any, output: str | Path, *, title: str | None = None,
     ``.ncu-rep`` / ncu CSV files (generic per-kernel report each); a single source
     may be given bare. With two or more sources, each later one is also compared
     with the first (unmatched points and kernels are listed) unless compare=False;
-    pairs: kernels to pair by hand in comparisons ("A=B": function names, demangled
-    names or #IDs). validation: the model's error on measurements it was not fitted to,
+    pairs: what to pair by hand in comparisons ("A=B": variants, variant/dataset, NVTX
+    ranges, function or demangled names, #IDs; with one source, its own A against B).
+    validation: the model's error on measurements it was not fitted to,
     stated in the first box (None: said to be not yet validated). strict=True raises the
     first error of a panel builder instead of showing it.
     """

@@ -1,5 +1,6 @@
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -226,3 +227,171 @@ def test_bench_beside_ncu_per_table():
     assert list(out["table"]) == [0, 1] and list(out["ncu_duration_us"]) == [9.0, 9.5]
     assert list(out["bench_per_launch_us"]) == [12.0, 11.5] and list(out["ncu_over_bench"]) == [0.9, 0.95]
     assert out["sm_frequency_MHz"].iloc[0] == pytest.approx(1980.0)
+
+
+# ------------------------------------------- any two kernels side by side (H200)
+H200 = Path(__file__).resolve().parents[2] / "profiles" / "h200"
+PAPER, PROFILED = H200 / "paper-gpu", H200 / "paper-gpu-profile"
+
+
+def by_metric(kernels, metric):
+    return kernels[kernels["metric"] == metric].set_index("dataset")
+
+
+def test_base_beside_tbe_within_one_run_per_table():
+    """base=tbe in one run: dataset by dataset, tbe's one launch over 12 tables divided by
+    12 (duration and bytes; rates as they are), base's two launches averaged; nothing else
+    of the run is compared with itself."""
+    from characterize.analysis.compare import compare_all
+
+    parts = compare_all(PAPER, PAPER, ["base=tbe"])
+    k = parts["kernels"]
+    assert set(k["variant"]) == {"base → tbe"} and set(k["match"]) == {"manual (--pair)"}
+    d = by_metric(k, "duration_ns")
+    assert d.loc["random", "a"] == pytest.approx((144576 + 145088) / 2)
+    assert d.loc["random", "b"] == pytest.approx(484032 / 12) and d.loc["random", "per"] == "table"
+    assert d.loc["medium", "b"] == pytest.approx(399200 / 12)
+    assert d.loc["random", "delta_pct"] == pytest.approx(-72.15, abs=0.01)
+    assert by_metric(k, "dram_bytes_read").loc["random", "b"] == pytest.approx(1.884230e9 / 12, rel=1e-5)
+    occ = by_metric(k, "achieved_occupancy_pct")
+    assert occ.loc["random", "per"] == "" and 30 < occ.loc["random", "b"] < 40   # a rate is not divided
+    assert "chz_tbe_kernel (1 launch, 12 tables)" in set(k["b_kernel"]) and parts["unmatched_kernels"].empty
+    b = parts["bench"]   # bench's latency is already per table
+    assert len(b) == 10 and set(b["variant"]) == {"base → tbe"} and (b["delta_pct"] < -60).all()
+    assert "static" not in parts and parts["unmatched_points"].empty
+
+
+def test_pairs_by_variant_dataset_nvtx_range_and_kernel_id_across_runs():
+    from characterize.analysis.compare import compare_all
+
+    k = compare_all(PAPER, PROFILED, ["base/random=combined/random", "tbe=rpf"])["kernels"]
+    d = k[k["metric"] == "duration_ns"].set_index("variant")
+    # combined's lookup kernel is rpf's: paired with base's by time, its pre-pass left alone
+    assert d.loc["base → combined", "b_kernel"] == "chz_rpf_kernel (mean of 2 launches)"
+    assert d.loc["base → combined", "b"] == pytest.approx((93760 + 93664) / 2)
+    assert d.loc["tbe → rpf", "a"] == pytest.approx(484032 / 12) and d.loc["tbe → rpf", "dataset"] == "random"
+    parts = compare_all(PROFILED, PROFILED, ["chz/warp/random/1=warp#0", "rpf=combined"])
+    d = parts["kernels"][parts["kernels"]["metric"] == "duration_ns"].set_index("variant")
+    assert list(d.loc["warp", ["a", "b"]]) == [40992.0, 41216.0]   # one table's launch each
+    assert d.loc["rpf → combined", "match"] == "manual (--pair)"
+    assert list(parts["unmatched_kernels"]["kernel"]) == ["chz_l2_pin_kernel (mean of 2 launches)"]
+
+
+def test_one_kernel_stands_in_several_pairs():
+    """--pair base=tbe --pair base=warp: base is the reference of both (not taken by the first)."""
+    from characterize.analysis.compare import diff_bench, match_kernels
+    from characterize.store import load_run
+
+    bench = load_run(PAPER).bench
+    both, un = diff_bench(bench, bench, ["base=tbe", "base=warp"], auto=False)
+    assert sorted(both["variant"].value_counts().items()) == [("base → tbe", 10), ("base → warp", 10)] and un.empty
+    a = kernels("k", "k").assign(variant=["base", "warp"], dataset="medium")
+    m = match_kernels(a, a, ("variant", "dataset"), ["base=warp", "base=base"], auto=False)
+    assert list(zip(m["variant"], m["a_index"], m["b_index"])) == [("base → warp", 0, 1), ("base", 0, 0)]
+
+
+def test_a_wrong_pair_is_refused_naming_what_matched_nothing():
+    from click.testing import CliRunner
+
+    from characterize.analysis.compare import compare_all
+    from characterize.cli import main
+    from characterize.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"--pair bse=tbe: no kernel of .*paper-gpu is 'bse' .*variants: base, "
+                                          r"combined.* Did you mean 'base'"):
+        compare_all(PAPER, PAPER, ["bse=tbe"])
+    with pytest.raises(ConfigError, match=r"'#1' is kernel ID 1 of 5 reports of .*paper-gpu-profile .*say which"):
+        compare_all(PROFILED, PROFILED, ["#1=warp"])
+    with pytest.raises(ConfigError, match="is 'nvtx:chz/tbe'"):   # forced reading: an NVTX range, none in b
+        compare_all(PAPER, PROFILED, ["base=nvtx:chz/tbe"])
+    r = CliRunner().invoke(main, ["compare", str(PAPER), str(PAPER), "--pair", "base=tbe/nosuch"])
+    assert r.exit_code == 2 and "no kernel of" in r.output and "is 'tbe/nosuch'" in r.output
+
+
+def test_compare_command_prints_the_pair_per_table():
+    from click.testing import CliRunner
+
+    from characterize.cli import main
+
+    r = CliRunner().invoke(main, ["compare", str(PAPER), str(PAPER), "--pair", "base=tbe"], env={"COLUMNS": "250"})
+    assert r.exit_code == 0, r.output
+    dur = next(ln for ln in r.output.splitlines() if "duration_ns" in ln and "random" in ln).split()
+    assert dur[:3] == ["base", "→", "tbe"] and "table" in dur
+    assert dur[-5:] == ["40.34", "us", "-104.5", "us", "-72.1%"]
+    assert "only the --pair kernels and points are compared" in r.output and "Static" not in r.output
+
+
+def test_bench_beside_ncu_divides_a_batched_launch_by_its_tables():
+    """tbe's one launch covers the 12 tables: per table it agrees with bench (ratio was 12.08)."""
+    from characterize.analysis.compare import bench_vs_ncu, per_table_kernels
+    from characterize.store import load_run
+
+    run = load_run(PAPER)
+    k = per_table_kernels(run.kernels, run)   # derived: the committed points predate tables_per_launch
+    assert dict(zip(k["variant"], k["tables_per_launch"])) == {"base": 1, "tbe": 12} and set(k["per"]) == {"table"}
+    out = bench_vs_ncu(run).set_index(["variant", "dataset", "table"])
+    assert out.loc[("tbe", "random", 0), "tables_per_launch"] == 12
+    assert out.loc[("tbe", "random", 0), "ncu_over_bench"] == pytest.approx(484.032 / 12 / 40.076, rel=1e-3)
+    assert out["ncu_over_bench"].between(0.9, 1.1).all()
+
+
+def test_each_technique_against_base_per_dataset():
+    from characterize.analysis.compare import per_table_kernels, versus_reference
+    from characterize.analysis.ncu import kernel_summary
+    from characterize.store import MergedRun, load_run
+
+    run = MergedRun([load_run(PAPER), load_run(PROFILED)])
+    v = versus_reference(per_table_kernels(kernel_summary(run.metrics), run))
+    d = v[v["metric"] == "duration_ns"].set_index(["technique", "dataset"])
+    assert set(d.index) == {("tbe", "random"), ("tbe", "medium"), ("warp", "random"), ("rpf", "random"),
+                            ("l2p", "random"), ("combined", "random"), ("torch", "random")}
+    assert d.loc[("l2p", "random"), "b"] == pytest.approx((144352 + 143520) / 2)   # the pre-pass left out
+    assert d.loc[("tbe", "random"), "delta_pct"] == pytest.approx(-72.15, abs=0.01)
+    alone = load_run(PROFILED)   # base not profiled: nothing to diff against
+    assert versus_reference(per_table_kernels(kernel_summary(alone.metrics), alone)).empty
+
+
+def bench_copy(tmp_path, name, scale=None, ci=None):
+    """A copy of the H200 run's timings, base/random steady slowed by `scale` (its CI set to `ci`)."""
+    import shutil
+
+    out = tmp_path / name
+    (out / "points").mkdir(parents=True)
+    shutil.copy(PAPER / "meta.json", out / "meta.json")
+    shutil.copytree(PAPER / "points" / "bench", out / "points" / "bench")
+    if scale is not None:
+        f = out / "points" / "bench" / "base__random.json"
+        p = json.loads(f.read_text())
+        row = next(r for r in p["summary"] if r["mode"] == "steady")
+        row["per_table_us"] *= scale
+        row["ci95_us"] = ci if ci is not None else row["ci95_us"]
+        f.write_text(json.dumps(p))
+    return out
+
+
+def test_regression_gate_fails_beyond_the_threshold_and_both_cis(tmp_path):
+    from click.testing import CliRunner
+
+    from characterize.analysis.compare import SlowdownGate, diff_bench
+    from characterize.cli import main
+    from characterize.errors import ConfigError, RunDirError, SlowerThanBaseline
+    from characterize.store import load_run
+
+    a, slow = bench_copy(tmp_path, "a"), bench_copy(tmp_path, "slow", 1.08)
+    noisy = bench_copy(tmp_path, "noisy", 1.06, 5.0)
+    both, _ = diff_bench(load_run(a).bench, load_run(slow).bench)
+    with pytest.raises(SlowerThanBaseline, match=r"1 of 90 timed point\(s\) .* more than 5% slower .*base, random, "
+                                                 r"steady: \+8\.0% \(144\.2 → 155\.8 µs per table"):
+        SlowdownGate(5).check(both, "a", "slow")
+    assert SlowdownGate(10).check(both, "a", "slow")["slower"].sum() == 0
+    noisy_diff, _ = diff_bench(load_run(a).bench, load_run(noisy).bench)   # 6% slower, but a CI of 5 µs
+    assert not SlowdownGate(5).judge(noisy_diff)["slower"].any()
+    with pytest.raises(RunDirError, match="share no timed point"):
+        SlowdownGate(5).check(both.iloc[0:0], "a", "b")
+    with pytest.raises(ConfigError, match="give a percentage"):
+        SlowdownGate(-1)
+    r = CliRunner().invoke(main, ["compare", str(a), str(slow), "--fail-if-slower", "5"])
+    assert r.exit_code == SlowerThanBaseline.exit_code == 15 and "base, random, steady: +8.0%" in r.stderr
+    assert r.stderr.count("\nerror:") + r.stderr.startswith("error:") == 1
+    r = CliRunner().invoke(main, ["compare", str(a), str(slow), "--fail-if-slower", "10"])
+    assert r.exit_code == 0 and "none of 90 timed point(s) is more than 10% slower" in r.output

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from characterize.report.layout import Panel
 from characterize.report.panels import host, imports, locality, model, nsight, overview, static, timing
-from characterize.report.panels.compare import COMPARE_PANELS
+from characterize.report.panels.compare import COMPARE_PANELS, VS_BASE_PANELS
 
-#: a stored run: overview, locality, static, timing, Nsight Compute (one row per point), model, failures
+#: a stored run: overview, locality, static, timing, Nsight Compute (one row per point, then each
+#: technique against base), model, failures
 RUN_PANELS: tuple[Panel, ...] = (*overview.PANELS, *locality.PANELS, *static.PANELS, *timing.PANELS,
-                                 *nsight.ncu_panels(nsight.POINTS), *model.PANELS, *host.PANELS,
+                                 *nsight.ncu_panels(nsight.POINTS), *VS_BASE_PANELS, *model.PANELS, *host.PANELS,
                                  *overview.FAILURE_PANELS)
 #: an imported .ncu-rep or CSV export: the file, where its time goes, Nsight Compute (one row per kernel)
 IMPORT_PANELS: tuple[Panel, ...] = (*imports.PANELS, *nsight.ncu_panels(nsight.KERNELS))

@@ -11,11 +11,11 @@ import numpy as np
 import pandas as pd
 
 from characterize.analysis import compare as analyze
-from characterize.analysis import ncu
 from characterize.report.blocks import (
     POINT_COLS,
     Cell,
     DetailsBlock,
+    Missing,
     NoteBlock,
     PanelOutput,
     _col,
@@ -28,7 +28,8 @@ from characterize.report.blocks import (
     fmt_pct,
     fmt_x,
 )
-from characterize.report.layout import S_COMPARE, Panel, _timing_prov
+from characterize.report.layout import S_COMPARE, S_NCU, Panel, _timing_prov
+from characterize.report.plots import order_datasets, order_variants
 from characterize.report.provenance import PROVENANCE
 from characterize.report.sources import Pair, RunSource
 from characterize.units import format_bytes
@@ -78,20 +79,29 @@ def _unmatched(un: pd.DataFrame, keys: Sequence[str], pair: Pair, what: str) -> 
                                              "listed instead of dropped")]
 
 
-def _sides(pair: Pair) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
-    """One row per kernel on each side, ready to match: a run's launches are averaged per
-    (variant, dataset, function); keys are variant and dataset when both sides carry them."""
-    def prepare(src: Any) -> pd.DataFrame:
-        k = src.kview
-        if isinstance(src, RunSource):
-            k = ncu.per_point(k, ("variant", "dataset", "function"))
-            k["label"] = [f"{f} ({v} · {d})" for v, d, f in zip(k["variant"], k["dataset"], k["function"])]
-        return k.reset_index(drop=True)
+def _same(pair: Pair) -> bool:
+    """A source compared with itself (--pair within one run): only the pairs asked for."""
+    return pair.a is pair.b
 
-    a, b = prepare(pair.a), prepare(pair.b)
-    keys = [c for c in ("variant", "dataset") if all(c in x.columns and x[c].fillna("").astype(str).ne("").any()
-                                                     for x in (a, b))]
-    return a, b, keys
+
+def _kernels(src: Any) -> pd.DataFrame:
+    """A side's kernels, one row per launch; a run's per table (analyze.per_table_kernels)."""
+    return analyze.per_table_kernels(src.kview, src.run) if isinstance(src, RunSource) else src.kview
+
+
+def _kernel_pairs(pair: Pair) -> analyze.KernelPairs:
+    """The two sides' kernels paired as `compare` pairs them: --pair selectors on the
+    launches, then a run's launches averaged per variant, dataset and function."""
+    return analyze.pair_kernels(_kernels(pair.a), _kernels(pair.b), pair.pairs,
+                                auto=not (_same(pair) and pair.pairs), where=(pair.a.label, pair.b.label))
+
+
+def _head(c: str, per: str) -> str:
+    """A metric's header with its unit: an extensive one says per table or per launch."""
+    h = _HEAD.get(c, c)
+    if per not in ("table", "launch"):
+        return h
+    return h.replace(" (", f" per {per} (", 1) if " (" in h else f"{h} per {per}"
 
 
 def _modes(pair: Pair) -> str:
@@ -107,20 +117,22 @@ def _modes(pair: Pair) -> str:
 
 # -------------------------------------------------------------------- panels
 def _c_metrics(pair: Pair) -> PanelOutput:
-    a, b, keys = _sides(pair)
-    matched = analyze.match_kernels(a, b, keys, pair.pairs)
+    kp = _kernel_pairs(pair)
+    a, b, matched, keys = kp.a, kp.b, kp.matched, list(kp.keys)
     deltas = analyze.kernel_deltas(a, b, matched, [c for c, *_ in KERNEL_METRICS])
     blocks: list[Any] = []
     counts = matched["match"].value_counts()
     how = ", ".join(f"{n} by {m}" for m, n in counts.items() if not m.startswith("only"))
     blocks.append(NoteBlock(
+        ("Only the kernels given by hand are compared (one source on both sides). " if _same(pair) else "") +
         f"Kernels matched {'within each ' + ' and '.join(keys) + ', ' if keys else ''}by demangled base name and "
         "launch order, then by a similar name (trailing version digits dropped), after any pair given by hand "
-        f"(--pair A=B{': ' + ', '.join(pair.pairs) if pair.pairs else ''}). " + (f"Pairs: {how}." if how else
-                                                                                    "No kernel pairs up.")))
+        f"(--pair A=B{': ' + ', '.join(pair.pairs) if pair.pairs else ''}: a variant, variant/dataset, NVTX range, "
+        "function name or #ID). " + (f"Pairs: {how}." if how else "No kernel pairs up.")))
+    per = dict(zip(deltas["metric"], deltas["per"])) if not deltas.empty else {}
     if deltas.empty:
-        blocks.append(NoteBlock("No kernel is on both sides; pair kernels by hand with `--pair A=B` (function "
-                                "names, demangled names or #IDs).", "warning"))
+        blocks.append(NoteBlock("No kernel is on both sides; pair kernels by hand with `--pair A=B` (a variant, "
+                                "variant/dataset, NVTX range, function name or #ID).", "warning"))
     else:
         wide = []
         for pno, g in deltas.groupby("pair", sort=True):
@@ -148,26 +160,26 @@ def _c_metrics(pair: Pair) -> PanelOutput:
         spec += [(pair.a.label, lambda r: Cell(_txt(r["a_kernel"]), "kname")),
                  (pair.b.label, lambda r: Cell(_txt(r["b_kernel"]), "kname")),
                  ("matched by", lambda r: Cell(r["match"], ""))]
-        spec += [(h, cell(c)) for c, h, _, shown in KERNEL_METRICS if shown and c in deltas["metric"].values]
+        spec += [(_head(c, per.get(c, "")), cell(c)) for c, h, _, shown in KERNEL_METRICS
+                 if shown and c in deltas["metric"].values]
         blocks.append(_table(_order(w) if keys else w, spec,
                              caption=f"Matched kernels: {pair.a.label} → {pair.b.label} (change in %)",
                              note="a single profile carries no confidence interval, so no significance is claimed "
-                                  "for these deltas; a run's kernels are averaged over its profiled launches"))
+                                  "for these deltas; a run's kernels are averaged over its profiled launches" +
+                                  ("; durations, bytes and instruction counts per table: a batched launch (tbe's) "
+                                   "divided by the tables it covers" if "table" in per.values() else "")))
         lspec = [(k, (lambda k: lambda r: Cell(_txt(r.get(k)), "code"))(k)) for k in keys]
         lspec += [("kernels", lambda r: Cell(f"{_txt(r['a_kernel'])} ↔ {_txt(r['b_kernel'])}", "kname")),
-                  ("metric", lambda r: Cell(_HEAD.get(r["metric"], r["metric"]), "")),
+                  ("metric", lambda r: Cell(_head(r["metric"], r["per"]), "")),
                   (pair.a.label, lambda r: Cell(_FMT[r["metric"]](r["a"]), "num")),
                   (pair.b.label, lambda r: Cell(_FMT[r["metric"]](r["b"]), "num")),
                   ("delta (b − a)", lambda r: Cell(_points(r["delta"]) if r["metric"].endswith("_pct") else
                                                    _FMT[r["metric"]](r["delta"]), "num")),
                   ("delta %", lambda r: Cell(_pct(r["delta_pct"]), "num"))]
         blocks.append(DetailsBlock(f"Every compared metric ({len(deltas)} rows)", [_table(deltas, lspec)]))
-    un = matched[matched["match"].str.startswith("only")]
+    un = kp.unmatched()
     if not un.empty:
-        rows = [{**{k: r.get(k) for k in keys},
-                 "kernel": (a.loc[r["a_index"], "label"] if pd.notna(r["a_index"]) else b.loc[r["b_index"], "label"]),
-                 "only_in": r["match"][-1]} for r in un.to_dict("records")]
-        blocks += _unmatched(pd.DataFrame(rows), [*keys, "kernel"], pair, "kernel")
+        blocks += _unmatched(un, [*keys, "kernel"], pair, "kernel")
     else:
         blocks.append(NoteBlock("Every kernel is matched."))
     return PanelOutput(blocks, modes=_modes(pair))
@@ -175,7 +187,7 @@ def _c_metrics(pair: Pair) -> PanelOutput:
 
 def _c_bench(pair: Pair) -> PanelOutput:
     a, b = pair.a, pair.b
-    both, un = analyze.diff_bench(a.bench, b.bench)
+    both, un = analyze.diff_bench(a.bench, b.bench, pair.pairs, auto=not (_same(pair) and pair.pairs))
     blocks: list[Any] = []
     if a.timing_provenance != b.timing_provenance:
         blocks.append(NoteBlock(f"{a.label} is {PROVENANCE[a.timing_provenance].label} and {b.label} is "
@@ -263,13 +275,71 @@ def _c_predictions(pair: Pair) -> PanelOutput:
     return PanelOutput(blocks)
 
 
+# ------------------------------------------------------- each technique vs base
+#: the variant every technique is diffed against in a run's report
+REFERENCE = "base"
+
+
+def _vs_cell(c: str, r: dict | None, reference: bool) -> Cell:
+    """The reference's value, or a technique's with its change (percentages in points;
+    a shorter duration is marked good)."""
+    if r is None:
+        return Cell("–", "num")
+    v = r["a"] if reference else r["b"]
+    text = _FMT[c](v)
+    if reference:
+        return Cell(text, "num")
+    d = r["delta_pct"]
+    change = _points(r["b"] - r["a"]) if c.endswith("_pct") else _pct(d)
+    cls = "num" + ("" if c != "duration_ns" or _isnan(d) or abs(d) < 5 else " bad" if d > 0 else " good")
+    return Cell(f"{text} ({change})", cls)
+
+
+def _vs_base(src: RunSource) -> PanelOutput:
+    d = analyze.versus_reference(_kernels(src), REFERENCE)
+    if d.empty:
+        done = sorted({str(p.get("variant")) for p in src.profile_points if p.get("status") == "ok"})
+        raise Missing(f"{REFERENCE} was not profiled on any dataset another variant was (profiled: "
+                      f"{', '.join(done) or 'none'}); profile {REFERENCE} with them to diff each technique against it")
+    d = d[d["pair"] == d.groupby(["technique", "dataset"])["pair"].transform("min")]   # one kernel pair per point
+    metrics = [c for c in analyze.VERSUS_COLUMNS if c in _FMT and c in set(d["metric"])]
+    per = dict(zip(d["metric"], d["per"]))
+    rows: list[dict] = []
+    for ds in order_datasets(d["dataset"].astype(str)):
+        g = d[d["dataset"].astype(str) == ds]
+        first = {r["metric"]: r for r in g.to_dict("records")}
+        rows.append({"dataset": ds, "variant": REFERENCE, "cells": [_vs_cell(c, first.get(c), True) for c in metrics]})
+        for t in order_variants(g["technique"].astype(str)):
+            mine = {r["metric"]: r for r in g[g["technique"] == t].to_dict("records")}
+            rows.append({"dataset": ds, "variant": t, "cells": [_vs_cell(c, mine.get(c), False) for c in metrics]})
+    spec = [("dataset", lambda r: Cell(r["dataset"], "code")), ("variant", lambda r: Cell(r["variant"], "code"))]
+    spec += [(_head(c, per.get(c, "")), (lambda i: lambda r: r["cells"][i])(i)) for i, c in enumerate(metrics)]
+    techniques = len(set(d["technique"]))
+    note = ("mean lookup launch per point, the L2 pinning pre-pass left out (as bench's per-table latency leaves it "
+            "out); durations and bytes per table: a batched launch (tbe) divided by the tables it covers; changes "
+            "relative to base (percentages: in points); one profile each, so no significance is claimed")
+    return PanelOutput([_table(rows, spec, caption=f"{techniques} technique(s) against {REFERENCE}, dataset by "
+                                                   "dataset", note=note)], modes=_modes_of(src))
+
+
+def _modes_of(src: RunSource) -> str:
+    return "; ".join(src.ncu_mode(st["cache_control"], st["clock_control"]) for st in src.ncu_settings)
+
+
+def _vs_applies(src: Any) -> bool:
+    """A run that profiled more than one variant (else there is nothing to diff)."""
+    return isinstance(src, RunSource) and len({p.get("variant") for p in src.profile_points
+                                               if p.get("status") == "ok"}) > 1
+
+
 COMPARE_PANELS: tuple[Panel, ...] = (
     Panel("bench", "Timing comparison", S_COMPARE, ("bench",), _timing_prov,
-          "analyze.diff_bench on the timed points of both runs, matched on variant, dataset and mode; delta with "
-          "its significance from both confidence intervals", _c_bench),
+          "analyze.diff_bench on the timed points of both runs, matched on variant, dataset and mode (after the "
+          "--pair variants); delta with its significance from both confidence intervals", _c_bench),
     Panel("metrics", "Kernels matched and compared (Nsight Compute)", S_COMPARE, ("kview-both",), ("ncu",),
-          "analyze.match_kernels (base name and launch order, --pair, similar names) and analyze.kernel_deltas "
-          "on the per-kernel views of both sides; kernels on one side only are listed", _c_metrics),
+          "analyze.pair_kernels (--pair selectors, base name and launch order, similar names; a run's launches "
+          "averaged and per table) and analyze.kernel_deltas on the per-kernel views of both sides; kernels on "
+          "one side only are listed", _c_metrics),
     Panel("static", "Static characterization: what changed", S_COMPARE, ("runs", "static-both"), ("static",),
           "analyze.diff_static on static.csv of both runs (per variant, arch, role, cap, sweep)", _c_static),
     Panel("sass", "SASS hot loops: what changed", S_COMPARE, ("runs", "sass-both"), ("static",),
@@ -277,4 +347,12 @@ COMPARE_PANELS: tuple[Panel, ...] = (
     Panel("predictions", "Model predictions: what changed", S_COMPARE, ("runs", "predictions-both"), ("model",),
           "analyze.diff_predictions on predictions.csv of both runs (per variant, dataset, GPU, mode), against "
           "the model's bands", _c_predictions),
+)
+
+#: a run's own diff: each profiled technique against base, dataset by dataset (RUN_PANELS)
+VS_BASE_PANELS: tuple[Panel, ...] = (
+    Panel("vs-base", f"Each technique against {REFERENCE} (per table)", S_NCU, ("profile",), ("ncu",),
+          "analyze.versus_reference: each variant's lookup kernels paired with base's on the same dataset "
+          "(analyze.pair_kernels, --pair VARIANT/DATASET), their mean launch compared by analyze.kernel_deltas, "
+          "durations and bytes divided by the tables a launch covers", _vs_base, applies=_vs_applies),
 )
