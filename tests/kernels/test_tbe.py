@@ -13,8 +13,8 @@ import torch
 
 from characterize.config import DTYPES, Pooling, WorkloadConfig
 from characterize.errors import ConfigError, UnsupportedShape
-from characterize.kernels import sass as S
 from characterize.hardware.specs import gpu_spec
+from characterize.kernels import sass as S
 from characterize.kernels.build import TBE_SOURCE, BuildSpec, build, build_many
 from characterize.kernels.check import (
     check_one,

@@ -244,7 +244,8 @@ def test_a_variant_whose_package_is_missing_is_predicted_not_checked(monkeypatch
     checks nor times it, instead of failing."""
     import sys
 
-    from characterize.pipeline import e2e as run_e2e, load_experiment
+    from characterize.pipeline import e2e as run_e2e
+    from characterize.pipeline import load_experiment
 
     monkeypatch.setitem(sys.modules, "fbgemm_gpu", None)
     lines: list[str] = []

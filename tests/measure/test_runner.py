@@ -22,8 +22,7 @@ from characterize.measure.runner import ncu_options
 from characterize.measure.worker import KERNEL_FILTER
 from characterize.pipeline import load_experiment
 from characterize.store import load_run
-from tests.conftest import HAS_GPU, fixtures_dir, write_experiment
-
+from tests.conftest import HAS_GPU, write_experiment
 
 H200 = Path(__file__).resolve().parents[2] / "profiles" / "h200"
 
