@@ -839,6 +839,30 @@ def _open(source: str | Path) -> tuple[Run | None, pd.DataFrame]:
     return None, read_any(p, run=p.stem)
 
 
+#: the workload fields whose change alone changes every time (seed and batches only resample)
+SETUP_FIELDS = ("T", "E", "D", "B", "L", "dtype", "mode")
+
+
+def setup_differences(a: str | Path, b: str | Path) -> list[str]:
+    """What differs between two runs' setups: the workload in the field's vocabulary and
+    the GPU. A comparison across them measures the change of setup as well as of the code,
+    so `compare` says it first (empty for reports, which record neither)."""
+    if not (Path(a).is_dir() and Path(b).is_dir()) or _same_source(a, b):
+        return []
+    ma, mb = load_run(a).meta, load_run(b).meta
+    out = []
+    wa, wb = (ma.get("experiment") or {}).get("workload") or {}, (mb.get("experiment") or {}).get("workload") or {}
+    changed = [f"{k} {wa.get(k)} -> {wb.get(k)}" for k in SETUP_FIELDS if wa and wb and wa.get(k) != wb.get(k)]
+    if changed:
+        out.append("the two runs measured different workloads (" + ", ".join(changed) + "): every delta mixes "
+                   "the workload's change with the code's")
+    ga, gb = ((m.get("gpu") or {}).get("name") or (m.get("gpu") or {}).get("key") for m in (ma, mb))
+    if ga and gb and ga != gb:
+        out.append(f"the two runs ran on different GPUs ({ga} -> {gb}): every delta mixes the GPU's change with "
+                   "the code's")
+    return out
+
+
 def _same_source(a: str | Path, b: str | Path) -> bool:
     """Whether both sides are one run or report (then only the pairs asked for compare:
     everything else would be compared with itself)."""

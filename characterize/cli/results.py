@@ -136,9 +136,17 @@ def compare(a: Path, b: Path, top: int, metric_filter: str | None, pairs: tuple[
     every metric's delta, per table (a batched launch divided by the tables it covers);
     between two runs also timings with significance, the static characterization, SASS hot
     loops and model predictions."""
-    from characterize.analysis.compare import SlowdownGate, compare_all, compare_sources, parse_pairs
+    from characterize.analysis.compare import (
+        SlowdownGate,
+        compare_all,
+        compare_sources,
+        parse_pairs,
+        setup_differences,
+    )
 
     parse_pairs(pairs)
+    for difference in setup_differences(a, b):   # said first, on stderr (JSON stays clean)
+        echo_err(f"warning: {difference}")
     gate = SlowdownGate(fail_pct) if fail_pct is not None else None   # a bad PCT is refused before any work
     parts = compare_all(a, b, pairs)
     if gate is not None and "bench" not in parts:

@@ -395,3 +395,31 @@ def test_regression_gate_fails_beyond_the_threshold_and_both_cis(tmp_path):
     assert r.stderr.count("\nerror:") + r.stderr.startswith("error:") == 1
     r = CliRunner().invoke(main, ["compare", str(a), str(slow), "--fail-if-slower", "10"])
     assert r.exit_code == 0 and "none of 90 timed point(s) is more than 10% slower" in r.output
+
+
+def test_compare_warns_when_the_runs_measured_different_workloads_or_gpus(tmp_path):
+    """Two H200 runs of different shapes: the CLI says so first, on stderr; the same shape
+    on another GPU too; one run against itself says nothing."""
+    import shutil
+
+    from click.testing import CliRunner
+
+    from characterize.analysis.compare import setup_differences
+    from characterize.cli import main
+
+    h200 = Path(__file__).resolve().parents[2] / "profiles" / "h200"
+    (d,) = setup_differences(h200 / "paper-gpu", h200 / "shapes" / "shape-a")
+    assert "T 12 -> 8" in d and "D 128 -> 64" in d and "seed" not in d
+    other = tmp_path / "other-gpu"
+    shutil.copytree(h200 / "paper-gpu", other)
+    meta = json.loads((other / "meta.json").read_text())
+    meta["gpu"]["name"] = "NVIDIA H100 80GB HBM3"
+    (other / "meta.json").write_text(json.dumps(meta))
+    assert setup_differences(h200 / "paper-gpu", other) == [
+        "the two runs ran on different GPUs (NVIDIA H200 -> NVIDIA H100 80GB HBM3): every delta mixes the GPU's "
+        "change with the code's"]
+    assert setup_differences(h200 / "paper-gpu", h200 / "paper-gpu") == []
+    r = CliRunner().invoke(main, ["compare", str(h200 / "paper-gpu"), str(h200 / "shapes" / "shape-a"), "--json"])
+    assert r.exit_code == 0, r.output
+    assert "warning: the two runs measured different workloads" in r.stderr
+    json.loads(r.stdout)   # the JSON stays clean
