@@ -77,10 +77,17 @@ class ModelValidation:
     mape: float
     coverage: float
     source: str = "public measurements"
+    #: the same on our own measured runs (n, gmae, coverage as model_error.json's `here`), if any
+    here: tuple[int, float, float] | None = None
 
     def sentence(self) -> str:
-        return (f"the model's GMAE is {100 * self.gmae:.0f}% on {self.n} {self.source}, "
+        text = (f"the model's GMAE is {100 * self.gmae:.0f}% on {self.n} {self.source}, "
                 f"{100 * self.coverage:.0f}% of them inside its band")
+        if self.here:
+            n, gmae, coverage = self.here
+            text += (f", and {100 * gmae:.0f}% on {n} points of our own GPU runs (held out dataset by dataset), "
+                     f"{100 * coverage:.0f}% inside their regime's band")
+        return text
 
 
 NOT_VALIDATED = "the model is not yet validated against measurements"
@@ -543,8 +550,11 @@ def stored_validation() -> ModelValidation | None:
     err = model_error()
     if err is None:
         return None
+    here = err.here or {}
+    ours = (int(here["n"]), float(here["gmae"]), float(here["coverage"])) \
+        if {"n", "gmae", "coverage"} <= set(here) and here["n"] else None
     return ModelValidation(err.n, err.gmae, err.mape, err.coverage,
-                           f"public measurements from {err.sources} sources (held out source by source)")
+                           f"public measurements from {err.sources} sources (held out source by source)", ours)
 
 
 def answer_run(run: Any, validation: ModelValidation | None = None) -> Answer:
