@@ -83,26 +83,6 @@ def names_first(experiment: str, variants: str | None = None, datasets: str | No
     return check_names(exp)
 
 
-def _prepare(experiment: str, out: Path | None, stage: str, resume: bool, backend: str,
-             variants: str | None = None, datasets: str | None = None, executor: str = "local",
-             slurm: dict[str, Any] | None = None, remeasure: bool = False, **overrides: Any):
-    """Load and validate the experiment, open the run directory for `stage`."""
-    import dataclasses
-
-    from characterize.hardware.devices import require_gpu
-    from characterize.measure.executor import require_slurm, with_slurm_options
-    from characterize.pipeline import open_experiment_run
-
-    exp = names_first(experiment, variants, datasets)
-    if executor == "slurm":
-        require_slurm()
-    exp = with_slurm_options(exp, **(slurm or {}))
-    if overrides:
-        exp = dataclasses.replace(exp, **overrides)
-    info = require_gpu() if backend == "cuda" and executor == "local" else None
-    return exp, open_experiment_run(exp, out, stage, resume, info, backend, executor, remeasure)
-
-
 @main.command()
 @experiment_options
 @click.option("--modes", default=None, help="steady,cold [the experiment's]")
@@ -120,26 +100,20 @@ def bench(experiment: str, variants: str | None, datasets: str | None, out: Path
     import dataclasses
 
     from characterize.analysis.compare import speedups
-    from characterize.measure.executor import Placement, measure_stage
-    from characterize.measure.runner import pending_points, points_failed
-    from characterize.pipeline import follow_points, load_experiment, measurable
+    from characterize.pipeline import bench_step, load_experiment, open_step, raise_unfinished
     from characterize.store import load_run
 
-    overrides = {}
     changes = {k: v for k, v in (("modes", tuple(csv_list(modes) or ()) if modes else None),
                                  ("timeout_s", timeout)) if v is not None}
-    if changes:
-        overrides["bench"] = dataclasses.replace(load_experiment(experiment).bench, **changes).validate()
-    exp, run = _prepare(experiment, out, "bench", resume, backend, variants, datasets, executor,
-                        _slurm(slurm_partition, slurm_gpus_per_task, slurm_time), remeasure, **overrides)
-    exp = measurable(exp, backend, "bench", echo_err, run)
-    points = pending_points(run, "bench", exp, say=echo_err)
-    echo_err(f"bench {exp.name}: {len(points)} point(s) to time into {run.path} (backend {backend})")
-    with TerminalReporter(indent="") as reporter, reporter.task("bench", len(points), "points") as task:
-        counts = follow_points(run, "bench", points, task,
-                               lambda: measure_stage(run, "bench", exp, Placement(executor, backend),
-                                                     reporter.message))
-    r = load_run(run.path)
+    settings = dataclasses.replace(load_experiment(experiment).bench, **changes).validate() if changes else None
+    exp = names_first(experiment, variants, datasets)
+    if settings is not None:
+        exp = dataclasses.replace(exp, bench=settings)
+    with TerminalReporter(indent="") as reporter:
+        ctx = open_step(exp, out, "bench", resume, backend=backend, executor=executor, remeasure=remeasure,
+                        slurm=_slurm(slurm_partition, slurm_gpus_per_task, slurm_time), reporter=reporter)
+        counts = bench_step(ctx, alone=True)
+    r = load_run(ctx.run.path)
     for mode in exp.bench.modes:
         s = speedups(r.bench, mode)
         if not s.empty:
@@ -152,9 +126,8 @@ def bench(experiment: str, variants: str | None, datasets: str | None, out: Path
         print_rows(r.failures.to_dict("records"))
     if backend == "emulate":
         echo("\nnote: CPU-emulation timings check the harness; they say nothing about GPU performance")
-    echo(f"\n{counts['ok']} point(s) measured, {counts['failed']} failed; run directory: {run.path}")
-    if (failed := points_failed(run, "bench", counts)) is not None:
-        raise failed
+    echo(f"\n{counts['ok']} point(s) measured, {counts['failed']} failed; run directory: {ctx.run.path}")
+    raise_unfinished(ctx, "bench", counts)
 
 
 @main.command()
@@ -176,34 +149,22 @@ def profile(experiment: str, variants: str | None, datasets: str | None, out: Pa
     import dataclasses
     import os
 
-    from characterize.measure.executor import Placement, measure_stage
-    from characterize.measure.ncu import find_ncu
-    from characterize.measure.runner import pending_points, points_failed
-    from characterize.pipeline import follow_points, load_experiment, measurable
+    from characterize.pipeline import open_step, profile_step, raise_unfinished
 
-    # through Slurm, --ncu names ncu as the nodes see it; without it, ncu must be found here too
-    names_first(experiment, variants, datasets)   # a typo is reported before ncu or a GPU is looked for
-    ncu = ncu_path if executor == "slurm" and ncu_path else str(find_ncu(ncu_path))
-    backend = os.environ.get("CHARACTERIZE_BACKEND", "cuda")
-    base = load_experiment(experiment).profile
+    exp = names_first(experiment, variants, datasets)   # a typo is reported before ncu or a GPU is looked for
     changes = {k: v for k, v in (("cache_control", cache_control), ("clock_control", clock_control),
                                  ("metric_set", metric_set)) if v}
-    overrides = {"profile": dataclasses.replace(base, **changes)} if changes else {}
+    if changes:
+        exp = dataclasses.replace(exp, profile=dataclasses.replace(exp.profile, **changes))
     if not (math.isfinite(timeout) and timeout > 0):
         raise ConfigError(f"--timeout must be a positive number of seconds, got {timeout}")
-    exp, run = _prepare(experiment, out, "profile", resume, backend, variants, datasets, executor,
-                        _slurm(slurm_partition, slurm_gpus_per_task, slurm_time), remeasure, **overrides)
-    exp = measurable(exp, backend, "profile", echo_err, run)
-    points = pending_points(run, "profile", exp, say=echo_err)
-    echo_err(f"profile {exp.name}: {len(points)} point(s) with {ncu} (cache-control {exp.profile.cache_control}, "
-             f"clock-control {exp.profile.clock_control}, metric set {exp.profile.metric_set})")
-    placement = Placement(executor, backend, ncu if executor == "local" or ncu_path else None, timeout)
-    with TerminalReporter(indent="") as reporter, reporter.task("profile", len(points), "points") as task:
-        counts = follow_points(run, "profile", points, task,
-                               lambda: measure_stage(run, "profile", exp, placement, reporter.message))
-    echo(f"{counts['ok']} point(s) profiled, {counts['failed']} failed; run directory: {run.path}")
-    if (failed := points_failed(run, "profile", counts)) is not None:
-        raise failed
+    with TerminalReporter(indent="") as reporter:
+        ctx = open_step(exp, out, "profile", resume, backend=os.environ.get("CHARACTERIZE_BACKEND", "cuda"),
+                        executor=executor, remeasure=remeasure, reporter=reporter, ncu=ncu_path, timeout_s=timeout,
+                        slurm=_slurm(slurm_partition, slurm_gpus_per_task, slurm_time))
+        counts = profile_step(ctx, alone=True)
+    echo(f"{counts['ok']} point(s) profiled, {counts['failed']} failed; run directory: {ctx.run.path}")
+    raise_unfinished(ctx, "profile", counts)
 
 
 # ----------------------------------------------------------------------- run

@@ -32,13 +32,20 @@ from characterize.errors import (
     WorkloadError,
     describe_os_error,
 )
-from characterize.hardware.devices import devices
+from characterize.hardware.devices import devices, require_gpu
 from characterize.kernels.build import BuildTally, buildable_arch, observe_builds, toolkit_record
 from characterize.kernels.library import unavailable
 from characterize.kernels.registry import (
     get_variant,
 )
-from characterize.measure.executor import GPUS_DIR, Placement, gpu_identity, measure_stage, require_slurm
+from characterize.measure.executor import (
+    GPUS_DIR,
+    Placement,
+    gpu_identity,
+    measure_stage,
+    require_slurm,
+    with_slurm_options,
+)
 from characterize.measure.ncu import find_ncu
 from characterize.measure.runner import (
     open_run,
@@ -246,6 +253,7 @@ class StepContext:
     gpu: Any = None              # the local GPU (DeviceInfo), or None
     outcome: RunOutcome | None = None
     deadline: float | None = None   # time.monotonic() at which measuring stops (--budget); the rest is cut
+    timeout_s: float = 900.0        # profile: seconds one point may take under ncu
 
     @property
     def cannot_measure(self) -> str | None:
@@ -272,19 +280,45 @@ def _measurable(ctx: StepContext, kind: str) -> ExperimentConfig:
     return measurable(ctx.exp, ctx.backend, kind, ctx.reporter.message, ctx.run)
 
 
-def bench_step(ctx: StepContext) -> None:
+def open_step(exp: ExperimentConfig, out: Path | None, stage: str, resume: bool = False, *, backend: str = "cuda",
+              executor: str = "local", slurm: dict[str, Any] | None = None, remeasure: bool = False,
+              reporter: Reporter | Progress | None = None, ncu: str | None = None,
+              timeout_s: float = 900.0) -> StepContext:
+    """The context of bench or profile run as its own command: what the stage needs is
+    looked for first (ncu for profile, then Slurm, then the GPU), so that the first thing
+    missing is what is said, before any run directory is made."""
+    if stage == "profile":
+        _ncu_tool(executor, ncu)
+    if executor == "slurm":
+        require_slurm()
+    exp = with_slurm_options(exp, **(slurm or {}))
+    info = require_gpu() if backend == "cuda" and executor == "local" else None
+    run = open_experiment_run(exp, out, stage, resume, info, backend, executor, remeasure)
+    return StepContext(exp, run, as_reporter(reporter), backend, executor, ncu, info, timeout_s=timeout_s)
+
+
+def bench_step(ctx: StepContext, alone: bool = False) -> dict[str, int]:
+    """Time the points not yet measured; their counts (ok, failed, cut). `alone` (`characterize
+    bench`): says what it times, and leaves raise_unfinished to the command, which first prints
+    what was measured."""
     exp = _measurable(ctx, "bench")
     points = pending_points(ctx.run, "bench", exp, say=ctx.reporter.message)
     where = "CUDA events" if ctx.backend == "cuda" else "CPU emulation"
-    with ctx.reporter.task(f"bench ({where}{', Slurm' if ctx.executor == 'slurm' else ''})", total=len(points),
-                           unit="points") as task:
+    title = f"bench ({where}{', Slurm' if ctx.executor == 'slurm' else ''})"
+    if alone:
+        ctx.reporter.message(f"bench {exp.name}: {len(points)} point(s) to time into {ctx.run.path} "
+                             f"(backend {ctx.backend})")
+        title = "bench"
+    with ctx.reporter.task(title, total=len(points), unit="points") as task:
         counts = follow_points(ctx.run, "bench", points, task, lambda: measure_stage(
             ctx.run, "bench", exp, Placement(ctx.executor, ctx.backend, deadline=ctx.deadline),
             ctx.reporter.message))
-    _cut_or_failed(ctx, "bench", counts)
+    if not alone:
+        raise_unfinished(ctx, "bench", counts)
+    return counts
 
 
-def _cut_or_failed(ctx: StepContext, kind: str, counts: dict[str, int]) -> None:
+def raise_unfinished(ctx: StepContext, kind: str, counts: dict[str, int]) -> None:
     """The error a measuring step ends with: its failed points, or the points its budget cut."""
     if (failed := points_failed(ctx.run, kind, counts)) is not None:
         raise failed
@@ -293,17 +327,31 @@ def _cut_or_failed(ctx: StepContext, kind: str, counts: dict[str, int]) -> None:
                         f"--resume measures them")
 
 
-def profile_step(ctx: StepContext) -> None:
-    # through Slurm, --ncu names ncu on the nodes; without it, ncu must be found here too
-    tool = ctx.ncu if ctx.executor == "slurm" and ctx.ncu else str(find_ncu(ctx.ncu))
+def _ncu_tool(executor: str, ncu: str | None) -> str:
+    """The ncu to run: through Slurm, --ncu names ncu on the nodes; without it, ncu must be found here too."""
+    return ncu if executor == "slurm" and ncu else str(find_ncu(ncu))
+
+
+def profile_step(ctx: StepContext, alone: bool = False) -> dict[str, int]:
+    """Profile the points not yet profiled; their counts (ok, failed, cut). `alone`
+    (`characterize profile`): as in bench_step."""
+    tool = _ncu_tool(ctx.executor, ctx.ncu)
     exp = _measurable(ctx, "profile")
     points = pending_points(ctx.run, "profile", exp, say=ctx.reporter.message)
     placement = Placement(ctx.executor, ctx.backend, tool if ctx.executor == "local" or ctx.ncu else None,
-                          deadline=ctx.deadline)
-    with ctx.reporter.task(f"profile ({tool})", total=len(points), unit="points") as task:
+                          ctx.timeout_s, deadline=ctx.deadline)
+    title = f"profile ({tool})"
+    if alone:
+        ctx.reporter.message(f"profile {exp.name}: {len(points)} point(s) with {tool} (cache-control "
+                             f"{exp.profile.cache_control}, clock-control {exp.profile.clock_control}, metric set "
+                             f"{exp.profile.metric_set})")
+        title = "profile"
+    with ctx.reporter.task(title, total=len(points), unit="points") as task:
         counts = follow_points(ctx.run, "profile", points, task, lambda: measure_stage(
             ctx.run, "profile", exp, placement, ctx.reporter.message))
-    _cut_or_failed(ctx, "profile", counts)
+    if not alone:
+        raise_unfinished(ctx, "profile", counts)
+    return counts
 
 
 def report_step(ctx: StepContext) -> None:
