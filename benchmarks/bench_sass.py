@@ -11,7 +11,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from characterize.kernels.build import build_many, cache_root
+from characterize.kernels.build import build_many
+from characterize.kernels.diskcache import cache_root
 from characterize.kernels.static import plan_variants
 
 ARCHS = ("sm_80", "sm_90")

@@ -253,13 +253,6 @@ def describe_os_error(e: OSError, operation: str | None = None) -> str:
     return f"cannot {op} {where}: {escape_text(reason)}; {advice}"
 
 
-def file_system_error(e: OSError, operation: str | None = None) -> FileSystemError:
-    """The domain error for an OSError (see describe_os_error)."""
-    err = FileSystemError(describe_os_error(e, operation))
-    err.errno = e.errno  # type: ignore[attr-defined]
-    return err
-
-
 class BinaryError(CharacterizeError):
     """A CUDA binary cannot be analyzed as asked: no such file, no device code for the
     architecture, no function matching the pattern, or no lookup loop in the ones read."""

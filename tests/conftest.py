@@ -20,6 +20,7 @@ import torch  # noqa: E402
 from characterize.config import WorkloadConfig
 from characterize.errors import ToolchainNotFound
 from characterize.kernels.build import find_nvcc
+from characterize.kernels.diskcache import cache_root
 from characterize.kernels.sass import find_cuobjdump
 
 HAS_GPU = torch.cuda.is_available()
@@ -77,6 +78,20 @@ def _no_terminal_width(monkeypatch):
     """Tables fit $COLUMNS when it is set: tests see every column, whatever terminal (or
     pytest-xdist worker) runs them; a test about widths sets it itself."""
     monkeypatch.delenv("COLUMNS", raising=False)
+
+
+@pytest.fixture
+def own_cache(tmp_path, monkeypatch) -> Path:
+    """$CHARACTERIZE_CACHE at a folder of this test's own whose builds (and their locks) are
+    the real cache's: nothing is compiled again, and what is kept beside the builds (the SASS
+    text, nest replays, predictions and claims of kernels.diskcache) starts empty."""
+    real, cache = cache_root(), tmp_path / "cache"
+    cache.mkdir()
+    for shared in ("build", "locks"):
+        (real / shared).mkdir(parents=True, exist_ok=True)
+        (cache / shared).symlink_to(real / shared, target_is_directory=True)
+    monkeypatch.setenv("CHARACTERIZE_CACHE", str(cache))
+    return cache
 
 
 def fixtures_dir() -> Path:

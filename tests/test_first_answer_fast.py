@@ -76,7 +76,7 @@ def test_device_code_builds_read_like_the_library():
     assert "(device code)" in dev.spec.label() and BuildSpec("emulate", output="cubin").output == "library"
 
 
-def test_an_experiments_predictions_are_kept_and_recomputed_when_an_input_changes(tmp_path, monkeypatch):
+def test_an_experiments_predictions_are_kept_and_recomputed_when_an_input_changes(tmp_path, own_cache, monkeypatch):
     """A second run of the same inputs reads the predictions an earlier one kept (a warm
     `characterize run` does no trace analysis); a trace file rewritten, a damaged entry or
     a stored calibration makes them computed again."""
@@ -88,7 +88,6 @@ def test_an_experiments_predictions_are_kept_and_recomputed_when_an_input_change
     from characterize.config import ExperimentConfig
     from characterize.workloads.traces import generate, write_trace
 
-    monkeypatch.setattr(pipeline.predictions, "cache_root", lambda: tmp_path / "cache")
     monkeypatch.setenv("CHARACTERIZE_CALIBRATION", str(tmp_path / "calibration"))
     trace = write_trace(generate("high", WL), tmp_path / "mine.npz")
     exp = pipeline.check_experiment(ExperimentConfig(workload=WL, datasets=("medium", str(trace)),
@@ -113,7 +112,7 @@ def test_an_experiments_predictions_are_kept_and_recomputed_when_an_input_change
     mine = fresh["dataset"] == str(trace)
     assert list(fresh[mine]["time_us"]) != list(first[first["dataset"] == str(trace)]["time_us"])
 
-    for entry in (tmp_path / "cache" / "predictions").glob("*.pkl"):
+    for entry in (own_cache / "predictions").glob("*.pkl"):
         entry.write_bytes(entry.read_bytes()[:100])                 # damaged: truncated
     pd.testing.assert_frame_equal(pipeline.predict(exp, code=code), fresh)
     assert len(computed) == 6

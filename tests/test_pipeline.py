@@ -107,16 +107,30 @@ def test_the_selftest_plan_fits_its_budget_in_the_order_of_value():
     assert "would take about" in cut.why and any("CUT: would take" in line for line in small.lines())
 
 
+def test_kept_predictions_and_claims_are_keyed_by_the_whole_package(monkeypatch):
+    """The package digest in their keys reads every module and data file of characterize/
+    (the model, its corpus, the presets, the spec table), not only the pipeline's folder:
+    a change to the model computes them again."""
+    roots = []
+    monkeypatch.setattr(pipeline.predictions, "source_digest", lambda root, suffixes: roots.append(root) or "")
+    pipeline.predictions._package_digest.cache_clear()
+    try:
+        pipeline.predictions._package_digest()
+    finally:
+        pipeline.predictions._package_digest.cache_clear()
+    [root] = roots
+    assert (root / "analysis" / "model" / "predict.py").is_file() and (root / "hardware" / "specs.py").is_file()
+
+
 @pytest.mark.slow
-def test_the_paper_claims_check_is_kept_and_a_damaged_entry_is_computed_again(tmp_path, monkeypatch):
+def test_the_paper_claims_check_is_kept_and_a_damaged_entry_is_computed_again(tmp_path, own_cache, monkeypatch):
     """Every run checks the model against the paper's claims at the paper's size: the
     result is kept (the build cache, keyed by what it depends on) and read back as is."""
     from characterize.analysis.claims import CLAIM_ARCH, CLAIM_VARIANTS
 
-    monkeypatch.setattr(pipeline.predictions, "cache_root", lambda: tmp_path)   # the claims' cache only
     monkeypatch.setenv("CHARACTERIZE_CALIBRATION", str(tmp_path / "calibration"))
     first = pipeline.model_validation()
-    [entry] = (tmp_path / "claims").glob("*.csv")
+    [entry] = (own_cache / "claims").glob("*.csv")
     pd.testing.assert_frame_equal(pipeline.model_validation(), first)
     entry.write_text("")                                             # damaged
     pd.testing.assert_frame_equal(pipeline.model_validation(), first)

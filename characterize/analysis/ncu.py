@@ -30,7 +30,6 @@ missing metric gives NaN (and is named by `missing_metrics`), never an error.
 from __future__ import annotations
 
 import math
-import re
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -131,7 +130,6 @@ SOL_COLUMNS = ("sm_throughput_pct", "memory_throughput_pct", "l1_throughput_pct"
                "dram_throughput_pct")
 MEMORY_COLUMNS = ("l1_load_requests", "l1_load_sectors", "l1_store_sectors", "l1_hit_rate_raw_pct",
                   "l2_read_sectors", "l2_write_sectors", "l2_hit_rate_raw_pct", "dram_bytes_read", "dram_bytes_write")
-ROOFLINE_COLUMNS = ("sm_clock_hz", "dram_bytes_per_s", "dram_peak_bytes_per_cycle", "dram_clock_hz")
 #: the bandwidth roofline of a gather: achieved bytes per second of each level against its peak
 BANDWIDTH_COLUMNS = ("dram_bytes_per_s", "dram_peak_bytes_per_cycle", "dram_clock_hz", "l2_bytes_per_s",
                      "l2_peak_bytes_per_cycle", "l2_clock_hz", "l1_bytes_per_s", "l1_peak_bytes_per_cycle",
@@ -151,10 +149,6 @@ SECTOR_BYTES = 32
 
 
 # ------------------------------------------------------------------- kernels
-def _present(metrics: pd.DataFrame) -> set[str]:
-    return set(metrics["metric"].unique()) if not metrics.empty else set()
-
-
 def _pivot(metrics: pd.DataFrame) -> pd.DataFrame:
     """One row per kernel: keys, info and the raw metrics of RAW (NaN when absent). A
     kernel is (run, report, kernel_id), and its point (variant, dataset) when the frame
@@ -668,10 +662,6 @@ def kernel_top_stalls(long: pd.DataFrame, n: int = 3) -> pd.DataFrame:
                      "stall_cycles": float(g["stall_cycles"].sum()),
                      "total_share_pct": float(g["total_share_pct"].sum())})
     return pd.DataFrame(rows)
-
-
-def reason_label(reason: str) -> str:
-    return re.sub(r"_", " ", reason)
 
 
 # ------------------------------------------------------------ rule estimates

@@ -253,15 +253,6 @@ def not_expressible(df: pd.DataFrame) -> pd.DataFrame:
     return df.loc[df["expressible"] == "no", ["id", "source", "gpu", "kernel", "why_not"]].reset_index(drop=True)
 
 
-def log_ratio(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.log(np.asarray(a, dtype=float) / np.asarray(b, dtype=float))
-
-
-def finite(x: float) -> float:
-    return x if isinstance(x, float) and math.isfinite(x) else float("nan")
-
-
 # --------------------------------------------------------------- the whole run
 @dataclasses.dataclass
 class Validation:

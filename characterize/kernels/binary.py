@@ -29,11 +29,11 @@ import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 from characterize.errors import BinaryError
-from characterize.files import write_atomic
-from characterize.kernels.build import cache_root, demangle
+from characterize.kernels.build import demangle
+from characterize.kernels.diskcache import entry_key, get_or_compute
 from characterize.kernels.sass import LoopRow, analyze_kernel, find_cuobjdump, parse_sass
 
 #: on-disk cache format of binary listings and disassemblies
@@ -106,15 +106,10 @@ def file_digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def _cached(key: dict, make) -> str:
-    """A cuobjdump result stored under the build cache by `key` (file hash, tool, args)."""
-    digest = hashlib.sha256(json.dumps({"format": BINARY_CACHE_FORMAT, **key}, sort_keys=True).encode()).hexdigest()
-    path = cache_root() / "binary" / f"{digest[:24]}.txt"
-    if path.is_file():
-        return path.read_text()
-    text = make()
-    write_atomic(path, text)
-    return text
+def _cached(key: dict, make: Callable[[], str]) -> str:
+    """A cuobjdump result kept in the disk cache (binary/) by `key` (file hash, tool, args)."""
+    return get_or_compute("binary", entry_key(json.dumps({"format": BINARY_CACHE_FORMAT, **key}, sort_keys=True)),
+                          make, suffix=".txt")
 
 
 def binary_archs(path: Path, digest: str | None = None) -> list[str]:

@@ -40,6 +40,7 @@ from characterize.errors import (
 from characterize.files import one_at_a_time
 from characterize.hardware.devices import driver_cuda_version
 from characterize.hardware.specs import ARCHS, REFERENCE_ARCH, nearest_arch
+from characterize.kernels.diskcache import cache_root
 from characterize.progress import Progress, Reporter, as_reporter
 
 SOURCE = "embedding_bag.cu"
@@ -65,15 +66,6 @@ def kernels_dir() -> Path:
     if (checkout / SOURCE).is_file():
         return checkout
     return here / "cuda"
-
-
-def cache_root() -> Path:
-    """Where built libraries live: $CHARACTERIZE_CACHE, else the user cache dir."""
-    env = os.environ.get("CHARACTERIZE_CACHE")
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "characterize"
 
 
 # ------------------------------------------------------------------ toolchains

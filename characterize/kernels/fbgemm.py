@@ -174,11 +174,6 @@ class FbgemmBatch:
         """FBGEMM's forward launches per batch that do the lookup (its bounds check aside)."""
         return 1
 
-    @property
-    def kernels_per_forward(self) -> int:
-        """Kernels one forward launches: the lookup, and the bounds check unless turned off."""
-        return 1 + int(bool(self.params.get("bounds_check", 1)))
-
     def map_batch(self, batch: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The batch as each table's (indices, offsets), with the packed form FBGEMM takes:
         every table's indices in turn, and T*B+1 offsets into them."""

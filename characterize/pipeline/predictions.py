@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import hashlib
 import json
 import pickle
 from pathlib import Path
@@ -22,9 +21,9 @@ from characterize.analysis.model.constants import calibration_dir
 from characterize.analysis.model.locality import shared_profiles
 from characterize.analysis.model.predict import predict_experiment as model_predictions
 from characterize.config import ExperimentConfig, WorkloadConfig
-from characterize.files import one_at_a_time, write_atomic
 from characterize.hardware.specs import gpu_spec
-from characterize.kernels.build import buildable_arch, cache_root
+from characterize.kernels.build import buildable_arch
+from characterize.kernels.diskcache import entry, entry_key, get_or_compute, read_entry, source_digest, write_entry
 from characterize.kernels.registry import (
     get_variant,
 )
@@ -123,20 +122,17 @@ def _predictions_key(exp: ExperimentConfig, targets: Sequence[str], code: CodeFa
 
 
 def _kept_predictions(key: str) -> pd.DataFrame | None:
-    """Predictions an earlier run stored under `key`, or None (a damaged entry is None).
-    Pickled, as the in-memory frame is (empty notes stay empty strings, attrs stay): the
-    build cache is trusted like the libraries it holds, which are loaded as they are."""
-    try:
-        df = pd.read_pickle(cache_root() / "predictions" / f"{key}.pkl")
-    except Exception:   # noqa: BLE001 - truncated, foreign or from another pandas: computed again
-        return None
+    """Predictions an earlier run kept under `key` in the disk cache, or None (a damaged,
+    truncated, foreign entry, or one from another pandas, is None). Pickled, as the
+    in-memory frame is (empty notes stay empty strings, attrs stay): the cache is trusted
+    like the libraries it holds, which are loaded as they are."""
+    df = read_entry(entry("predictions", key, ".pkl"), pd.read_pickle)
     return df if isinstance(df, pd.DataFrame) else None
 
 
 def _keep_predictions(key: str, df: pd.DataFrame) -> pd.DataFrame:
-    """Store `df` under `key` (a read-only cache keeps nothing; the predictions stand)."""
-    with contextlib.suppress(OSError, ValueError):   # OutputError is a ValueError
-        write_atomic(cache_root() / "predictions" / f"{key}.pkl", pickle.dumps(df, protocol=pickle.HIGHEST_PROTOCOL))
+    """Keep `df` under `key` (a read-only cache keeps nothing; the predictions stand)."""
+    write_entry(entry("predictions", key, ".pkl"), pickle.dumps(df, protocol=pickle.HIGHEST_PROTOCOL))
     return df
 
 
@@ -153,19 +149,10 @@ def model_validation(code: CodeFacts | None = None, progress: Reporter | Progres
     wl = WorkloadConfig.paper()
     if code is None or not code.covers(CLAIM_VARIANTS, [CLAIM_ARCH], wl.D):
         code = code_facts(CLAIM_VARIANTS, [CLAIM_ARCH], wl.D, progress=progress)
-    key = _claims_key(code)
-    path = cache_root() / "claims" / f"{key}.csv"
-    with one_at_a_time(cache_root() / "locks" / f"claims-{key}.lock"):   # runs started together compute it once
-        try:
-            return pd.read_csv(path)
-        except (OSError, ValueError):
-            pass
-        claims = paper_claims(wl, CLAIM_ARCH, static=code.static, sass=code.sass)
-        try:
-            write_atomic(path, claims.to_csv(index=False))
-            return pd.read_csv(path)   # as a later run reads it back, so both runs write the same file
-        except (OSError, ValueError):   # OutputError is a ValueError
-            return claims
+    # runs started together compute it once; the answer is the entry as a later run reads it back
+    return get_or_compute("claims", _claims_key(code),
+                          lambda: paper_claims(wl, CLAIM_ARCH, static=code.static, sass=code.sass),
+                          read=pd.read_csv, write=lambda claims: claims.to_csv(index=False), suffix=".csv", lock=True)
 
 
 def _claims_key(code: CodeFacts) -> str:
@@ -179,25 +166,19 @@ def _claims_key(code: CodeFacts) -> str:
 def _inputs_digest(parts: Iterable[bytes]) -> str:
     """A cache key: the package's code and data, `parts`, then the stored calibrations (the
     model's constants per GPU), digested."""
-    h = hashlib.sha256(_package_digest().encode())
-    for part in parts:
-        h.update(part)
+    calibrations = []
     folder = calibration_dir()
     for f in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         with contextlib.suppress(OSError):
-            h.update(f.name.encode() + f.read_bytes())
-    return h.hexdigest()[:24]
+            calibrations.append(f.name.encode() + f.read_bytes())
+    return entry_key(_package_digest(), *parts, *calibrations)
 
 
 @functools.lru_cache(maxsize=1)
 def _package_digest() -> str:
-    """The package's code and data (the model, its corpus, the presets, the spec table)."""
-    root = Path(__file__).resolve().parent
-    h = hashlib.sha256()
-    for f in sorted(root.rglob("*")):
-        if f.suffix in (".py", ".csv", ".json", ".toml") and "__pycache__" not in f.parts:
-            h.update(str(f.relative_to(root)).encode() + f.read_bytes())
-    return h.hexdigest()
+    """The package's code and data (the model, its corpus, the presets, the spec table):
+    every file of characterize/, not only of this folder."""
+    return source_digest(Path(__file__).resolve().parents[1], (".py", ".csv", ".json", ".toml"))
 
 
 def calibrate(run_dir: str | Path, gpu: str | None = None, progress: Progress | None = None) -> Calibration:

@@ -15,6 +15,7 @@ from characterize.kernels.build import BuildSpec, build, find_nvcc
 from characterize.kernels.sass import (
     NEST_L,
     analyze_kernel,
+    disasm,
     find_cuobjdump,
     find_loops,
     instruction_frame,
@@ -295,12 +296,12 @@ def test_disassembly_is_cached_in_memory_and_on_disk(monkeypatch):
     lib = build(BuildSpec("cuda", "sm_80")).library
     first = S.disassemble(lib)
     assert S.disassemble(lib) is first  # same file, size and mtime: no work at all
-    monkeypatch.setattr(S, "_TEXT_MEMO", {})
+    monkeypatch.setattr(disasm, "_TEXT_MEMO", {})
 
     def no_subprocess(*args, **kwargs):
         raise AssertionError("cuobjdump ran again")
 
-    monkeypatch.setattr(S.subprocess, "run", no_subprocess)
+    monkeypatch.setattr(subprocess, "run", no_subprocess)
     assert S.disassemble(lib) == first  # read back from the cache directory
     assert "chz_rpf_kernel<2>" in kernels_in(lib)
 
@@ -322,10 +323,9 @@ def test_sass_command_json_and_table():
 
 
 @needs_tools
-def test_the_nest_replay_is_cached_and_a_damaged_entry_is_computed_again(tmp_path, monkeypatch):
-    monkeypatch.setattr(S, "cache_root", lambda: tmp_path)   # the disassembly and replay caches only
+def test_the_nest_replay_is_cached_and_a_damaged_entry_is_computed_again(own_cache):
     first = analyze_variants(["warp"], ["sm_80"])
-    entries = sorted((tmp_path / "sass" / "nest").glob("*.json"))
+    entries = sorted((own_cache / "sass" / "nest").glob("*.json"))
     assert entries and all(json.loads(p.read_text())["facts"] for p in entries)
     assert analyze_variants(["warp"], ["sm_80"]) == first        # read back
     for p in entries:

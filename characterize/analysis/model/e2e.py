@@ -121,11 +121,6 @@ def _interaction(T: int, D: int, B: int, backward: bool, gpu: GpuSpec, c: ModelC
             _op(stage, "concat dense", 0, out_bytes, gpu, c, o, band)]
 
 
-#: the columns of a training-kernel facts frame (kernels.training.training_facts) the model reads
-FACT_COLUMNS = ("kernel", "arch", "blocks_per_sm", "warps_per_block", "instructions", "lookups_per_iteration",
-                "latencies_per_iteration", "atomics", "atomic_bits")
-
-
 @dataclass(frozen=True)
 class KernelFacts:
     """What one training kernel's compiled code says, for one architecture: resident

@@ -74,11 +74,6 @@ def _hot_ranks(indices: np.ndarray, rows: int, k: int) -> tuple[np.ndarray, np.n
     return mask, rank
 
 
-def _hot_mask(indices: np.ndarray, rows: int, k: int) -> np.ndarray:
-    """Rows among the k most frequent of a trace (_hot_ranks)."""
-    return _hot_ranks(indices, rows, k)[0]
-
-
 @dataclass(frozen=True)
 class _Stream:
     """Reuse of one lookup stream: per scored lookup, distance, batches crossed, the
