@@ -6,7 +6,7 @@ resume it. Each artifact below says its path, format, the pipeline step that wri
 it, whether its numbers are measured, static, predicted or a record, a one-line
 meaning and, for tables, every column with its unit. Writers (`store.RunDir.write`),
 readers (`store.Run.table`), the model's output columns, the report's data needs,
-the README's run-directory table and the notebook's column help all come from here,
+docs/gpu.md's run-directory table and the notebook's column help all come from here,
 and a schema test holds a committed run and a fresh one to it. Adding an artifact
 touches this table and the step that writes it.
 """
@@ -283,6 +283,9 @@ _META = _fields(
     "ncu | object? | the ncu used by profile: path and version",
     "executor | object? | Slurm: partition, constraint and hosts",
     "gpu_type | text? | with several Slurm GPU types: this run's",
+    "analyzed | object? | a run measured on a GPU and analyzed elsewhere (run --resume without it): when, the "
+    "kernel sources' digest and git revision its static facts and predictions describe, and whether those "
+    "differ from the kernels measured",
 )
 
 _POINT = _fields(
@@ -379,7 +382,7 @@ def tables() -> list[Artifact]:
 
 
 def markdown_table(artifacts: Iterable[Artifact] | None = None) -> str:
-    """The README's run-directory table: file, written by, numbers, meaning."""
+    """docs/gpu.md's run-directory table: file, written by, numbers, meaning."""
     lines = ["| file | written by | numbers | what it holds |", "|---|---|---|---|"]
     for a in artifacts or ARTIFACTS.values():
         lines.append(f"| `{a.path}` | {a.step} | {a.source} | {a.meaning} |")

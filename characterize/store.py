@@ -194,7 +194,8 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _kernel_sources_digest() -> str:
+def kernel_sources_digest() -> str:
+    """Digest of the kernel sources (kernels/*.cu, .cuh, .h): what a run's points were built from."""
     h = hashlib.sha256()
     for path in sorted(kernels_dir().glob("*")):
         if path.suffix in (".cu", ".cuh", ".h"):
@@ -219,7 +220,7 @@ def run_fingerprint(exp: Any, backend: str | None = None, gpu: str | None = None
     profile = dataclasses.asdict(exp.profile)
     # a profiled launch follows bench's warm-up batches: what a profile point measured depends on them
     profile["warmup_batches"] = exp.bench.warmup
-    return {"toolkit": {"characterize": __version__, "kernels": _kernel_sources_digest()},
+    return {"toolkit": {"characterize": __version__, "kernels": kernel_sources_digest()},
             "backend": backend or "cuda", "gpu": gpu, "workload": exp.workload.to_dict(),
             "params": {v: dict(p) for v, p in exp.params.items()}, "bench": _plain(bench),
             "profile": _plain(profile), "traces": traces}
@@ -704,7 +705,24 @@ class Run:
         rows = [{"kind": k, "variant": p["variant"], "dataset": p["dataset"], "error": p.get("error", "")}
                 for k in ("bench", "profile") for p in self.points(k) if p.get("status") != "ok"]
         self.metrics  # noqa: B018 (reading the reports finds the unreadable ones)
-        return pd.DataFrame(rows + self.unreadable_points + self.unreadable_reports)
+        return pd.DataFrame(rows + self.unreadable_points + self.unreadable_reports + self.orphan_reports)
+
+    @cached_property
+    def orphan_reports(self) -> list[dict[str, str]]:
+        """Reports in ncu/ that no profile point names: a profile stopped after ncu wrote the
+        report but before the point was recorded. Never read as measurements (nothing says
+        what they measured under), but said, not dropped."""
+        named = {str(pt.get(k)) for pt in self.points("profile") for k in ("report", "cache_report") if pt.get(k)}
+        out = []
+        for f in sorted((self.path / "ncu").glob("*.ncu-rep")) if (self.path / "ncu").is_dir() else []:
+            rel = f.relative_to(self.path).as_posix()
+            if rel in named:
+                continue
+            variant, _, dataset = f.name.removesuffix(".ncu-rep").removesuffix(".cache").partition("__")
+            out.append({"kind": "profile report", "variant": variant, "dataset": dataset,
+                        "error": f"{rel} has no point file: the profile stopped before the point was recorded, so "
+                                 "the report is not read; profile the point again (--resume)"})
+        return out
 
     @cached_property
     def unreadable_reports(self) -> list[dict[str, str]]:
@@ -899,6 +917,10 @@ class MergedRun(Run):
     @cached_property
     def unreadable_reports(self) -> list[dict[str, str]]:
         return [u for r in self.parts for u in r.unreadable_reports]
+
+    @cached_property
+    def orphan_reports(self) -> list[dict[str, str]]:
+        return [u for r in self.parts for u in r.orphan_reports]
 
     @cached_property
     def locality_raw(self) -> dict[str, Any]:

@@ -5,8 +5,9 @@
     python scripts/regenerate_examples.py --check   # exit 1 naming every stale example (CI runs this)
 
 Why: an example report built five commits behind HEAD shows panels and numbers the
-code no longer produces. Each example is rendered from committed inputs (the no-GPU
-run under profiles/) and the shared Nsight Compute fixtures (../shared/fixtures/ncu,
+code no longer produces. Each example is rendered from committed inputs (the runs
+under profiles/: the H200's measured bench and profile runs, read as one, and the
+no-GPU run) and the shared Nsight Compute fixtures (../shared/fixtures/ncu,
 or $CHARACTERIZE_NCU_FIXTURES; never copied into the repository).
 
 The check renders every example to memory and compares it with the committed file:
@@ -60,12 +61,17 @@ class Example:
     runs: tuple[str, ...]
     fixtures: tuple[str, ...]
     compare: bool = True
+    #: also a crop of its first screen (<name>-first-screen.png), the picture the README shows
+    first_screen: bool = False
 
     def sources(self) -> list[str]:
         return list(self.runs) + [str(fixtures_dir() / f) for f in self.fixtures]
 
 
 EXAMPLES: tuple[Example, ...] = (
+    Example("example-h200", "characterize example: the paper's workload measured on an NVIDIA H200 (CUDA-event "
+            "timings of every variant, Nsight Compute profiles of seven, the model beside them)",
+            ("profiles/h200/paper-gpu", "profiles/h200/paper-gpu-profile"), (), compare=False, first_screen=True),
     Example("example-no-gpu", "characterize example: paper configuration without a GPU (static analysis, trace "
             "locality, model predictions) + Nsight Compute reports recorded by others on A100 and H800",
             ("profiles/static-paper",), ("a100_mistic_msdnew.ncu-rep", "h800_sglang.ncu-rep"), compare=False),
@@ -136,8 +142,17 @@ def png_text(data: bytes) -> dict[str, str]:
     return out
 
 
-def screenshot(html_path: Path, png_path: Path, html: str) -> None:
-    """A full-page screenshot of the report (headless Chromium), tagged with its hash."""
+#: the first screen's crop: a laptop's window at the screenshot's width
+FIRST_SCREEN_PX = 1000
+
+
+def first_screen_path(png_path: Path) -> Path:
+    return png_path.with_name(png_path.stem + "-first-screen.png")
+
+
+def screenshot(html_path: Path, png_path: Path, html: str, first_screen: bool = False) -> None:
+    """A full-page screenshot of the report (headless Chromium), tagged with its hash, and
+    with `first_screen` its top FIRST_SCREEN_PX pixels as a second picture, tagged alike."""
     from tests.report.browser import Browser, chromium_path  # noqa: PLC0415 - a dev tool, only here
 
     exe = chromium_path()
@@ -152,11 +167,17 @@ def screenshot(html_path: Path, png_path: Path, html: str) -> None:
             b.screenshot(session, shot, max_height=40000)
         finally:
             b.close()
+    top = png_path.with_suffix(".top.png")
     with Image.open(shot) as im:  # 128 colours: a third of the bytes, text and figures still crisp
+        if first_screen:
+            im.convert("RGB").crop((0, 0, im.width, min(im.height, FIRST_SCREEN_PX))).save(top, optimize=True)
         im.convert("RGB").quantize(colors=128, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE).save(
             shot, optimize=True)
     png_path.write_bytes(png_with_text(shot.read_bytes(), PNG_KEY, digest(html)))
     shot.unlink()
+    if first_screen:
+        first_screen_path(png_path).write_bytes(png_with_text(top.read_bytes(), PNG_KEY, digest(html)))
+        top.unlink()
 
 
 # ------------------------------------------------------------------- check
@@ -181,6 +202,10 @@ def stale(ex: Example) -> list[str]:
     elif png_text(png_path.read_bytes()).get(PNG_KEY) != digest(committed):
         problems.append(f"{png_path.relative_to(ROOT)} was not taken of the committed "
                         f"{html_path.relative_to(ROOT)}")
+    top = first_screen_path(png_path)
+    if ex.first_screen and not (top.is_file() and png_text(top.read_bytes()).get(PNG_KEY) == digest(committed)):
+        problems.append(f"{top.relative_to(ROOT)} is missing or was not taken of the committed "
+                        f"{html_path.relative_to(ROOT)}")
     return problems
 
 
@@ -198,8 +223,9 @@ def regenerate(names: list[str] | None = None, shots: bool = True) -> None:
         path.write_text(html)
         print(f"wrote {path.relative_to(ROOT)} ({len(html) / 1e6:.1f} MB)")
         if shots:
-            screenshot(path, path.with_suffix(".png"), html)
-            print(f"wrote {path.with_suffix('.png').relative_to(ROOT)}")
+            screenshot(path, path.with_suffix(".png"), html, ex.first_screen)
+            print(f"wrote {path.with_suffix('.png').relative_to(ROOT)}" +
+                  (f" and {first_screen_path(path.with_suffix('.png')).relative_to(ROOT)}" if ex.first_screen else ""))
 
 
 def main(argv: list[str] | None = None) -> int:

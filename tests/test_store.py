@@ -89,3 +89,15 @@ def test_runs_that_complete_each_other_merge_and_two_versions_of_one_stay_apart(
     assert isinstance(merged, MergedRun) and len(merged.points("profile")) == 9
     assert [r.path for r in load_runs([bench, bench])] == [bench, bench]
     assert len(load_runs([nogpu, nogpu])) == 2 and not complementary([load_run(nogpu)], load_run(nogpu))
+
+
+def test_a_report_without_its_point_file_is_said_not_dropped():
+    """The H200 profile run stopped while optmt's report was written: no point names it, so it
+    is not read as a measurement, but the failures list it with what to do."""
+    from pathlib import Path
+
+    run = load_run(Path(__file__).resolve().parents[1] / "profiles" / "h200" / "paper-gpu-profile")
+    (orphan,) = run.orphan_reports
+    assert (orphan["variant"], orphan["dataset"]) == ("optmt", "random") and "--resume" in orphan["error"]
+    assert any(e.startswith("ncu/optmt__random.ncu-rep has no point file") for e in run.failures["error"])
+    assert "optmt" not in set(run.metrics["variant"])

@@ -61,7 +61,15 @@ from characterize.progress import Progress, Reporter, Task, as_reporter, folded
 from characterize.progress import quiet as _quiet
 from characterize.report.render import render_report
 from characterize.rundir import artifact
-from characterize.store import RunDir, environment, list_runs, load_run, run_fingerprint
+from characterize.store import (
+    RunDir,
+    environment,
+    git_revision,
+    kernel_sources_digest,
+    list_runs,
+    load_run,
+    run_fingerprint,
+)
 from characterize.workloads.locality import coverage_ks, locality_stats, named_ks, shared_reuse
 from characterize.workloads.traces import load_dataset, shared_datasets
 
@@ -456,6 +464,17 @@ def _analyze_measured(exp: ExperimentConfig, path: Path, reporter: Reporter,
     ctx = StepContext(experiment, run, reporter, "cuda", "local", None, None, outcome)
     run.log(f"run {experiment.name}: analyzed without a GPU (measured on {gpu.get('name', gpu.get('key'))}); "
             "its points are kept as measured")
+    # the static facts and predictions describe this checkout's kernels: say so when they are not the ones measured
+    measured = ((stored.meta.get("fingerprint") or {}).get("toolkit") or {}).get("kernels")
+    now = kernel_sources_digest()
+    run.update_meta(analyzed={"at": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()), "kernels": now,
+                              "git_revision": git_revision(), "measured_kernels": measured,
+                              "same_kernels": measured == now if measured else None})
+    if measured and measured != now:
+        why = (f"the kernel sources changed since this run was measured ({measured} then, {now} now): its static "
+               "facts and predictions describe today's kernels, its measurements the ones it ran")
+        reporter.message(f"note: {why}")
+        run.log(f"note: {why}")
     why = f"measured on {gpu.get('name') or gpu.get('key')}, kept as measured (this machine has no GPU)"
     with shared_datasets(), shared_reuse(), shared_profiles():
         for step in STEPS:

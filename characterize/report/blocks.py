@@ -77,6 +77,57 @@ class DetailsBlock:
 
 
 @dataclass
+class FigureRow:
+    """Figures side by side (two or more in a row, each its share of the width)."""
+
+    figures: list[FigureBlock]
+    kind: str = "figrow"
+
+
+#: a table longer than this beside a figure is folded (the figure says it; the rows are a click away)
+FOLD_ROWS = 6
+_COLD = re.compile(r"(\(cold\)$|^cold: |, cold mode)")
+
+
+def compact(blocks: list[Any]) -> list[Any]:
+    """A panel as a reader scans it: the cold-mode repeats of a steady-mode figure or table
+    folded into one box at the end, a long table beside a figure folded under its caption,
+    and consecutive figures side by side. Nothing is dropped; a panel without a figure is
+    left as it is."""
+    if not any(isinstance(b, FigureBlock) for b in blocks):
+        return blocks
+
+    def cold(b: Any) -> bool:
+        return bool(_COLD.search(b.title if isinstance(b, FigureBlock) else
+                                 b.caption if isinstance(b, TableBlock) else ""))
+
+    warm = [b for b in blocks if not cold(b)]
+    colds = [b for b in blocks if cold(b)]
+    if not any(isinstance(b, FigureBlock) for b in warm):   # only cold figures: nothing to fold them behind
+        warm, colds = blocks, []
+    out: list[Any] = []
+    folded: set[int] = set()   # the folded tables (a figure after them still joins the figure before)
+    for b in warm:
+        if isinstance(b, TableBlock) and len(b.rows) > FOLD_ROWS:
+            b = DetailsBlock(f"The numbers: {b.caption or 'table'} ({len(b.rows)} rows)", [b])
+            folded.add(id(b))
+        if isinstance(b, FigureBlock):
+            at = len(out)
+            while at and id(out[at - 1]) in folded:
+                at -= 1
+            if at and (isinstance(out[at - 1], FigureBlock) or
+                       (isinstance(out[at - 1], FigureRow) and len(out[at - 1].figures) < 2)):
+                prev = out[at - 1]
+                out[at - 1] = FigureRow([*(prev.figures if isinstance(prev, FigureRow) else [prev]), b])
+                continue
+        out.append(b)
+    if colds:
+        out.append(DetailsBlock("Cold mode (L2 flushed before every table launch): the same figures and tables",
+                                compact(colds) if any(isinstance(b, FigureBlock) for b in colds) else colds))
+    return out
+
+
+@dataclass
 class PanelOutput:
     """What a builder returns: blocks, and optionally a provenance and mode that refine the panel's."""
 

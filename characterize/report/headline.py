@@ -54,7 +54,7 @@ def run_box(s: RunSource, validation: ModelValidation | None = None) -> AnswerBo
                                 "was profiled, else the model's term; tied within the band: variants the bands cannot "
                                 "tell from the best (the speedup's band reaches 1x, or the measured confidence "
                                 "intervals overlap)")
-    box.sentences = [a.summary(), a.how(), *a.claim_lines(), *a.notes]
+    box.sentences = [a.summary(), a.how(), *a.claim_lines()]   # provenance notes: the predictions table
     if s.emulated:
         box.sentences.append("The run's timings are CPU emulation: they check the harness and never answer this "
                              "question, so the answer above is the model's.")

@@ -17,7 +17,7 @@ from characterize.analysis.answer import ModelValidation
 from characterize.analysis.compare import check_pairs
 from characterize.errors import CharacterizeError, ReportError
 from characterize.files import check_output, write_atomic
-from characterize.report.blocks import Cell, Missing, NoteBlock, TableBlock
+from characterize.report.blocks import Cell, Missing, NoteBlock, TableBlock, compact
 from characterize.report.headline import answer_boxes
 from characterize.report.layout import NEEDS, Panel, gpu_command, never_measured
 from characterize.report.panels.catalog import COMPARE_PANELS, IMPORT_PANELS, RUN_PANELS
@@ -95,7 +95,7 @@ def _render_panel(panel: Panel, src: Any, strict: bool) -> RenderedPanel:
             raise
         rp.error = f"{type(e).__name__}: {e}"
         return rp
-    rp.blocks = out.blocks
+    rp.blocks = compact(out.blocks)
     rp.modes = out.modes
     if out.provenance is not None:
         rp.provenance = [PROVENANCE[k] for k in out.provenance]

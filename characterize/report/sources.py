@@ -4,6 +4,8 @@ with the frames panels read.
 
 from __future__ import annotations
 
+import json
+
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -299,6 +301,27 @@ class ImportSource:
         self.metrics = read_any(path, run=path.stem)
         self.kernels = wide(self.metrics)
         self.kview = ncu.kernel_summary(self.metrics)
+
+    @cached_property
+    def recorded_modes(self) -> str | None:
+        """The collection modes a run directory recorded for this report (a profile point
+        beside it names it: runs/x/ncu/R.ncu-rep and runs/x/points/profile/*.json), else
+        None: an exported report does not record them."""
+        points = self.path.parent.parent / "points" / "profile"
+        if self.path.parent.name != "ncu" or not points.is_dir():
+            return None
+        rel = f"ncu/{self.path.name}"
+        for f in sorted(points.glob("*.json")):
+            try:
+                pt = json.loads(f.read_text())
+            except (OSError, ValueError):
+                continue
+            if isinstance(pt, dict) and rel in (pt.get("report"), pt.get("cache_report")):
+                cache, clock = pt.get("cache_control"), pt.get("clock_control")
+                if cache or clock:
+                    return (f"--cache-control {cache or 'not recorded'}, --clock-control {clock or 'not recorded'} "
+                            f"(recorded by the run beside the report: points/profile/{f.name})")
+        return None
 
     @cached_property
     def rules(self) -> pd.DataFrame:

@@ -206,3 +206,37 @@ def test_the_notebook_runs_on_a_profile_only_and_a_bench_and_profile_run(run):
     shown = "\n".join(execute(NOTEBOOKS[0], {"CHARACTERIZE_RUN": str(run)}))
     assert "profiled kernel(s) in the run" in shown and "long scoreboard" in shown
     assert ("tbe · random" if run.name == "paper-gpu" else "warp · random") in shown
+
+
+def test_the_committed_h200_run_fills_every_panel_its_data_allows():
+    """Bench, profile and the analysis added without the GPU, read as one run: every run panel
+    that applies is built (none missing, none failed, none folded into the needs-a-GPU box),
+    the answer says why from ncu, and the report says its static facts describe other
+    kernel sources than were measured."""
+    from characterize.report.panels.catalog import RUN_PANELS
+    from characterize.report.render import build_report
+
+    ctx = build_report(RUNS, strict=True)
+    (src,) = ctx["sources"]
+    shown = {p.id: p for sec in src.sections for p in sec.panels}
+    assert not [p.id for p in shown.values() if p.missing or p.error or getattr(p, "collapsed", None)]
+    # the run has no host-resident variant and one precision: those panels do not apply, every other does
+    absent = {f"s1-{p.id}" for p in RUN_PANELS} - set(shown)
+    assert absent == {"s1-cache-ratio", "s1-host-time", "s1-host-bytes", "s1-precision"}, absent
+    (box,) = ctx["answers"]
+    text = " ".join(box.sentences)
+    assert "h200: use tbe (one-item, high, random) or warp (medium, low)" in text
+    assert any("L2 91% of peak" in c.text for r in box.table.rows for c in r)
+    notes = " ".join(getattr(b, "text", "") for b in shown["s1-environment"].blocks)
+    assert "Analyzed with other kernel sources than were measured" in notes
+
+
+def test_a_report_of_a_run_says_the_modes_its_point_file_recorded():
+    """One .ncu-rep of a run reported alone: its collection modes come from the run's point
+    file beside it (none/none on the H200), not ncu's defaults; a report with no run beside
+    it still says they are not recorded."""
+    page = report_html([H200 / "paper-gpu" / "ncu" / "tbe.ncu-rep"], strict=True)
+    assert "--cache-control none, --clock-control none (recorded by the run beside the report" in words(page)
+    assert "ncu&#39;s defaults" not in page and "ncu's defaults" not in words(page)
+    probe = report_html([H200 / "ncu-probe" / "panels.ncu-rep"], strict=True)
+    assert "ncu's defaults: --cache-control all" in words(probe)

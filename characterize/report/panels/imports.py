@@ -59,7 +59,7 @@ def _i_summary(s: ImportSource) -> PanelOutput:
     devices = sorted({str(d) for d in w.get("device", pd.Series(dtype=str)).dropna() if str(d)})
     rows = [("file", str(s.path)), ("size", format_bytes(s.path.stat().st_size)), ("kernels", len(w)),
             ("metric values", len(s.metrics)), ("distinct metrics", s.metrics["metric"].nunique()),
-            ("device", ", ".join(devices) or "not recorded"), ("collection modes", MODES)]
+            ("device", ", ".join(devices) or "not recorded"), ("collection modes", s.recorded_modes or MODES)]
     blocks: list[Any] = [_kv(rows)]
     empty = ncu.without_data(s.kview)
     if not empty.empty:
@@ -99,7 +99,7 @@ def _modes(builder: Any) -> Any:
     """Every panel of an imported report says the same about collection modes."""
     def wrapped(s: ImportSource) -> PanelOutput:
         out = builder(s)
-        out.modes = out.modes or NOT_RECORDED
+        out.modes = out.modes or s.recorded_modes or NOT_RECORDED
         return out
     return wrapped
 

@@ -150,7 +150,8 @@ def _batched_note(k: pd.DataFrame, g: "Grain") -> list[Any]:
 def _kernel_groups(s: Any) -> list[Group]:
     """Kernels that carry values (a kernel whose profile failed is named in the summary)."""
     k = s.kview
-    return [Group(NOT_RECORDED, "all", _per_table(s, k.drop(index=ncu.without_data(k).index)))]
+    return [Group(getattr(s, "recorded_modes", None) or NOT_RECORDED, "all",
+                  _per_table(s, k.drop(index=ncu.without_data(k).index)))]
 
 
 def _capped_rules(s: Any) -> pd.DataFrame:
@@ -176,7 +177,8 @@ def _kernel_rules(s: Any) -> tuple[pd.DataFrame, list[Any], dict[Any, str], bool
 
 KERNELS = Grain("kernel", "kernel(s)",
                 (("kernel", lambda r: Cell(_txt(r.get("label")), "kname", detail=_txt(r.get("kernel_name")))),),
-                _kernel_groups, _kernel_rules, lambda s: NOT_RECORDED, summary_figures=False, scope="per launch")
+                _kernel_groups, _kernel_rules, lambda s: getattr(s, "recorded_modes", None) or NOT_RECORDED,
+                summary_figures=False, scope="per launch")
 
 
 # -------------------------------------------------------------------- points
@@ -603,8 +605,12 @@ def _scoped_table(t: TableBlock, g: Grain) -> TableBlock:
 def kernels(s: Any, g: Grain) -> PanelOutput:
     k = _per_table(s, s.kview)
     if g.name == "point":
-        blocks: list[Any] = [_scoped_table(kernel_table(_order(k), "Every profiled kernel (lookup kernels and L2 "
-                                                        "pre-pass kernels)"), g)]
+        # the points' panels above say what each kernel did; the launches themselves are a reference, folded
+        table = _scoped_table(kernel_table(_order(k), "Every profiled kernel (lookup kernels and L2 pre-pass "
+                                                      "kernels)"), g)
+        blocks: list[Any] = [DetailsBlock(f"Every profiled launch: {len(table.rows)} kernel(s) of "
+                                          f"{k[['variant', 'dataset']].drop_duplicates().shape[0]} point(s)",
+                                          [table])]
         many = k[pd.to_numeric(k.get("tables_per_launch"), errors="coerce") > 1] if "tables_per_launch" in k else k[:0]
         if not many.empty:
             blocks.append(NoteBlock("Durations and DRAM bytes are per table: " + ", ".join(

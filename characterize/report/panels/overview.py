@@ -114,10 +114,27 @@ def _p_environment(s: RunSource) -> PanelOutput:
              ("command line", m.get("command_line")), ("git revision", env.get("git_revision") or
               ("none (the source was not a git checkout)" if "git_revision" in env else None)),
              ("started", m.get("started")), ("resumed", ", ".join(map(str, m.get("resumed", []))))]
+    an = m.get("analyzed") or {}
+    if an:
+        same = an.get("same_kernels")
+        rows.append(("analyzed without the GPU", f"{an.get('at', '?')}, revision {an.get('git_revision') or '?'}, "
+                     f"kernel sources {an.get('kernels', '?')}" + (
+                         "" if same is None else "; the same kernels as measured" if same else
+                         f"; NOT the kernels measured ({an.get('measured_kernels')}): the static facts and "
+                         "predictions describe today's kernels, the measurements the ones that ran")))
     steps = m.get("steps") or {}
     if steps:
         rows.append(("steps", "; ".join(f"{k}: {v}" for k, v in steps.items())))
-    return PanelOutput([_kv(rows)])
+    # what identifies the measurement in one line; the whole record a click away
+    told = dict(rows)
+    head = "; ".join(f"{k} {v}" for k, v in told.items()
+                     if k in ("GPU", "driver", "timing clocks") and v not in (None, ""))
+    warn = [NoteBlock("Analyzed with other kernel sources than were measured: " +
+                      str(told["analyzed without the GPU"]).split("; NOT ", 1)[1], "warning")] \
+        if "; NOT " in str(told.get("analyzed without the GPU", "")) else []
+    return PanelOutput([NoteBlock(head or "no GPU recorded"), *warn,
+                        DetailsBlock(f"The full record ({sum(v not in (None, '') for v in told.values())} entries)",
+                                     [_kv(rows)])])
 
 
 def _methodology_rows(s: RunSource) -> list[tuple[str, Any]]:
