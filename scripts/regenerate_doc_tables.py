@@ -1,8 +1,8 @@
 #!/usr/bin/env python
-"""Regenerate the README's generated tables, or check that they are current.
+"""Regenerate the documentation's generated tables, or check that they are current.
 
-    python scripts/regenerate_readme_tables.py           # rewrite them in README.md
-    python scripts/regenerate_readme_tables.py --check   # exit 1 when one is stale
+    python scripts/regenerate_doc_tables.py           # rewrite them in docs/gpu.md
+    python scripts/regenerate_doc_tables.py --check   # exit 1 when one is stale
 
 The supported-GPU table comes from the spec table (characterize.hardware.specs), marked
 "measured here" for each GPU with a measured run committed under profiles/; a GPU added
@@ -24,6 +24,8 @@ from characterize.store import list_runs, load_run  # noqa: E402
 
 BEGIN = "<!-- supported GPUs: generated from characterize.hardware.specs.markdown_table -->"
 END = "<!-- end of supported GPUs -->"
+#: the page that holds the table
+PAGE = ROOT / "docs" / "gpu.md"
 
 
 def measured_runs(root: Path = ROOT / "profiles") -> dict[str, str]:
@@ -51,12 +53,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--check", action="store_true")
     args = ap.parse_args(argv)
-    path = ROOT / "README.md"
+    path = PAGE
     text = path.read_text()
     fresh = rendered(text)
     if args.check:
         if fresh != text:
-            print("README.md's supported-GPU table is stale: python scripts/regenerate_readme_tables.py",
+            print("docs/gpu.md's supported-GPU table is stale: python scripts/regenerate_doc_tables.py",
                   file=sys.stderr)
             return 1
         return 0

@@ -1,5 +1,5 @@
 """Bring your own kernel: an experiment's [variants.NAME] table names a kernel of one's
-own (examples/byok/mine.cu, the README's worked example), which is built, read from its
+own (examples/byok/mine.cu, docs/model.md's worked example), which is built, read from its
 SASS and predicted beside the family, checked on the CPU emulator against torch, timed
 by the bench harness, and launched through a Python callable as well as a C entry."""
 

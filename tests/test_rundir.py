@@ -1,6 +1,6 @@
 """The run directory's declaration (characterize.rundir) against what the code writes: a
 committed run and a fresh one hold only declared files, every table exactly its declared
-columns; every step writes what the declaration says; the README's table is generated."""
+columns; every step writes what the declaration says; docs/gpu.md's table is generated."""
 
 from __future__ import annotations
 
@@ -88,8 +88,8 @@ def test_the_model_writes_the_declared_prediction_columns():
 
 
 def test_the_readme_table_is_generated_from_the_declaration():
-    readme = (ROOT / "README.md").read_text()
-    assert markdown_table() in readme, "regenerate the README's run-directory table with rundir.markdown_table()"
+    page = (ROOT / "docs" / "gpu.md").read_text()
+    assert markdown_table() in page, "regenerate docs/gpu.md's run-directory table with rundir.markdown_table()"
 
 
 def test_a_table_the_declaration_lacks_cannot_be_read_by_key(tmp_path):

@@ -413,8 +413,8 @@ def parse_archs(text: str) -> list[str]:
 
 
 def markdown_table(measured: dict[str, str] | None = None) -> str:
-    """The README's supported-GPU table, one row per entry of GPUS (a GPU added to the
-    table appears when the README is regenerated; a test keeps the two in step):
+    """docs/gpu.md's supported-GPU table, one row per entry of GPUS (a GPU added to the
+    table appears when docs/gpu.md is regenerated; a test keeps the two in step):
     architecture, SMs, L2 and its persisting share, memory, DRAM peak, host link, and
     whether a measured run of it is committed (`measured`: GPU key -> run directory);
     every other number about it is the model's prediction until one is."""

@@ -1,5 +1,5 @@
 """`characterize sass --binary`: the SASS analysis of a CUDA library we did not build,
-here one built in the test from the README's own example kernel (examples/byok/mine.cu)
+here one built in the test from the worked example of docs/model.md (examples/byok/mine.cu)
 plus a kernel with no lookup loop, and its one-line refusals."""
 
 import json
