@@ -21,8 +21,8 @@ from characterize.analysis.model.constants import (
     ModelConstants,
     calibration_path,
 )
-from characterize.analysis.model.equations import _evaluate
-from characterize.analysis.model.geometry import _Point, _prepare
+from characterize.analysis.model.equations import evaluate_point
+from characterize.analysis.model.geometry import ModelPoint, prepare_points
 from characterize.analysis.model.locality import TraceProfile
 from characterize.analysis.model.scores import gmae
 from characterize.config import ExperimentConfig
@@ -246,11 +246,11 @@ def fit_run(run: Any, gpu: str | None = None, *, static: Any = None, sass: Any =
             raise RunDirError(f"{run.path}: sass.csv has no rows for {spec.arch}; the model needs them "
                               "(`characterize calibrate` disassembles the builds)")
     profiles: dict[str, TraceProfile] = {}
-    index: dict[tuple[str, str, str], _Point] = {}
+    index: dict[tuple[str, str, str], ModelPoint] = {}
     params = _ran_with(run, exp)
     for mode, sub in times.groupby("mode"):
-        pts = _prepare(exp.workload, sorted(sub["dataset"].unique()), sorted(sub["variant"].unique()), [spec],
-                       params, static, sass, 1, mode, profiles, progress)
+        pts = prepare_points(exp.workload, sorted(sub["dataset"].unique()), sorted(sub["variant"].unique()), [spec],
+                             params, static, sass, 1, mode, profiles, progress)
         index.update({(p.variant, p.dataset, mode): p for p in pts})
     # bench measures per table; a batched variant's launch covers every table
     timed = [(p, r.measured_us * p.tables_per_launch) for r in times.itertuples()
@@ -271,8 +271,8 @@ def fit_run(run: Any, gpu: str | None = None, *, static: Any = None, sass: Any =
 
     def residuals(x: np.ndarray) -> np.ndarray:
         c = constants_at(x)
-        r = [math.log(_evaluate(p, c)["time_us"] / m) for p, m in timed]
-        r += [hit_weight * (_evaluate(p, c)["l2_hit_rate_pct"] - m) / 100 for p, m in hit_pts]
+        r = [math.log(evaluate_point(p, c)["time_us"] / m) for p, m in timed]
+        r += [hit_weight * (evaluate_point(p, c)["l2_hit_rate_pct"] - m) / 100 for p, m in hit_pts]
         values = lo + (hi - lo) * _sigmoid(x)
         r += list(prior_weight * np.log(values / base_values))
         return np.asarray(r)
@@ -282,8 +282,8 @@ def fit_run(run: Any, gpu: str | None = None, *, static: Any = None, sass: Any =
     fitted = constants_at(least_squares(residuals, x0))
     meas = [m for _, m in timed]
     return Calibration(spec, fitted, defaults, tuple(names), len(timed), len(hit_pts),
-                       gmae([_evaluate(p, defaults)["time_us"] for p, _ in timed], meas),
-                       gmae([_evaluate(p, fitted)["time_us"] for p, _ in timed], meas), str(run.path))
+                       gmae([evaluate_point(p, defaults)["time_us"] for p, _ in timed], meas),
+                       gmae([evaluate_point(p, fitted)["time_us"] for p, _ in timed], meas), str(run.path))
 
 
 def save_calibration(cal: Calibration) -> Path:

@@ -24,7 +24,7 @@ import pandas as pd
 
 from characterize.analysis.calibrate import least_squares
 from characterize.analysis.model.constants import BAND, BOUNDS, ModelConstants
-from characterize.analysis.model.equations import _evaluate
+from characterize.analysis.model.equations import evaluate_point
 from characterize.analysis.model.scores import coverage, gmae, mape
 from characterize.analysis.model.validation_error import REGIMES, ModelError, regime_of
 from characterize.config import ExperimentConfig, Pooling, WorkloadConfig
@@ -272,7 +272,7 @@ class Validation:
 
 def validate_points(measurements: Sequence[Measurement], points: Sequence[object], consts: Mapping[str, ModelConstants]
                     ) -> Validation:
-    """Score prepared points (model.geometry._Point, one per measurement) against the
+    """Score prepared points (model.geometry.ModelPoint, one per measurement) against the
     measurements: with the published constants, then under leave-one-source-out
     cross-validation of CV_CONSTANTS, with bands widened by the other sources' error."""
     measured = np.array([m.measured_us for m in measurements])
@@ -281,7 +281,7 @@ def validate_points(measurements: Sequence[Measurement], points: Sequence[object
 
     def predict_rows(c: Mapping[str, ModelConstants], idx: Sequence[int] | None = None) -> np.ndarray:
         idx = range(len(points)) if idx is None else idx
-        return np.array([_evaluate(points[i], c[points[i].gpu.key])["time_us"] for i in idx])
+        return np.array([evaluate_point(points[i], c[points[i].gpu.key])["time_us"] for i in idx])
 
     default = predict_rows(consts)
     fast = {k: c.band()[0] for k, c in consts.items()}
@@ -381,11 +381,11 @@ def validate_here(measurements: Sequence[Measurement], points: Sequence[object],
     of HERE_CV_CONSTANTS; each row's band from the same regime's held-out residuals in the
     other datasets' folds, so a row's own error never sets its band."""
     measured = np.array([m.measured_us for m in measurements])
-    outs = [_evaluate(p, consts[p.gpu.key]) for p in points]
+    outs = [evaluate_point(p, consts[p.gpu.key]) for p in points]
 
     def predict_rows(c: Mapping[str, ModelConstants], idx: Sequence[int] | None = None) -> np.ndarray:
         idx = range(len(points)) if idx is None else idx
-        return np.array([_evaluate(points[i], c[points[i].gpu.key])["time_us"] for i in idx])
+        return np.array([evaluate_point(points[i], c[points[i].gpu.key])["time_us"] for i in idx])
 
     default = np.array([o["time_us"] for o in outs])
     datasets = [m.dataset for m in measurements]

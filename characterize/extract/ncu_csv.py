@@ -14,20 +14,20 @@ from typing import Any, NamedTuple
 import pandas as pd
 
 from characterize.errors import ReportError, escape_text
-from characterize.extract.ncu_rep import _REPORT_MAGIC, _existing_file
+from characterize.extract.ncu_rep import REPORT_MAGIC, existing_file
 from characterize.extract.schema import (
-    _FRIENDLY_BY_LABEL,
-    _LABEL_OF_METRIC,
-    _RAW_METRIC,
+    FRIENDLY_BY_LABEL,
     FRIENDLY_METRICS,
-    _csv_nvtx_stack,
-    _dims_from_values,
-    _dims_text,
-    _empty_metric_cols,
-    _frame,
-    _Kernel,
+    LABEL_OF_METRIC,
+    RAW_METRIC,
+    KernelFields,
+    csv_nvtx_stack,
+    dims_from_values,
+    dims_text,
+    empty_metric_cols,
     normalize_unit,
     short_function_name,
+    tidy_frame,
 )
 
 # ---------------------------------------------------------------------------
@@ -40,13 +40,13 @@ _IDENTITY_COLUMNS = frozenset(
     {"ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "Kernel Time", "Context", "Stream",
      "Block Size", "Grid Size", "Device", "CC"}
 )  # fmt: skip
-_RULE_TYPES = {"OPT": "OPTIMIZATION", "WRN": "WARNING", "ERR": "ERROR", "INF": "OK", "OK": "OK"}
+RULE_TYPES = {"OPT": "OPTIMIZATION", "WRN": "WARNING", "ERR": "ERROR", "INF": "OK", "OK": "OK"}
 _KERNEL_ROW = re.compile(r'^\ufeff?\s*"?\d+"?\s*(,|$)')
 #: columns only the details page has; a file with some of them is a details export
 _DETAILS_COLUMNS = ("Section Name", "Metric Name", "Metric Unit", "Metric Value")
 
 
-def _parse_number(text: str) -> float | None:
+def parse_number(text: str) -> float | None:
     """ncu's printed number -> float (thousands separators allowed); None if not a number."""
     t = text.strip()
     if not t:
@@ -71,7 +71,7 @@ def _read_text(path: Path) -> str:
     if not raw.strip():
         raise ReportError(f"{path}: the CSV file is empty; the ncu run that should have produced it probably failed")
     if b"\x00" in raw[:4096]:
-        hint = " (it looks like a binary .ncu-rep report: use read_report())" if raw.startswith(_REPORT_MAGIC) else ""
+        hint = " (it looks like a binary .ncu-rep report: use read_report())" if raw.startswith(REPORT_MAGIC) else ""
         raise ReportError(f"{path}: binary data, not an ncu CSV export{hint}")
     return raw.decode("utf-8-sig", errors="replace")
 
@@ -116,7 +116,7 @@ def _parse_body(lines: list[str]) -> list[list[str]] | None:
     return rows if len(rows) == len(lines) else None
 
 
-def _csv_table(path: Path) -> _CsvTable:
+def csv_table(path: Path) -> _CsvTable:
     """Header, kernel rows and (raw page) units row of an ncu CSV, skipping non-CSV lines.
 
     ncu interleaves its own ``==PROF==``/``==WARNING==`` lines and the program's output
@@ -198,7 +198,8 @@ def _kernel_id(text: str, path: Path, line: int) -> int:
     return int(text)
 
 
-def _cell(row: Sequence[str], index: int | None) -> str:
+def csv_field(row: Sequence[str], index: int | None) -> str:
+    """Field `index` of a CSV row, stripped; '' when the column is absent or the row is short."""
     if index is None or index >= len(row):
         return ""
     return row[index].strip()
@@ -206,15 +207,15 @@ def _cell(row: Sequence[str], index: int | None) -> str:
 
 def _friendly_to_metric(section: str, name: str) -> tuple[str, str]:
     """(raw metric, label) for one details-page 'Metric Name' in its section."""
-    if _RAW_METRIC.match(name):
-        return name, _LABEL_OF_METRIC.get(name, "")
-    metric = FRIENDLY_METRICS.get((section, name)) or _FRIENDLY_BY_LABEL.get(name) or name
+    if RAW_METRIC.match(name):
+        return name, LABEL_OF_METRIC.get(name, "")
+    metric = FRIENDLY_METRICS.get((section, name)) or FRIENDLY_BY_LABEL.get(name) or name
     return metric, name
 
 
 def _append_value(cols: dict[str, list[Any]], metric: str, label: str, raw_unit: str, text: str) -> None:
     unit, factor = normalize_unit(raw_unit)
-    number = _parse_number(text)
+    number = parse_number(text)
     cols["metric"].append(metric)
     cols["label"].append(label)
     cols["unit"].append(unit)
@@ -226,16 +227,16 @@ def _append_value(cols: dict[str, list[Any]], metric: str, label: str, raw_unit:
         cols["value_text"].append("")
 
 
-def _kernel_from_row(row: Sequence[str], idx: dict[str, int], nvtx_col: int | None) -> _Kernel:
-    name = _cell(row, idx.get("Kernel Name"))
-    return _Kernel(
-        kernel_id=int(_cell(row, idx.get("ID"))),
+def _kernel_from_row(row: Sequence[str], idx: dict[str, int], nvtx_col: int | None) -> KernelFields:
+    name = csv_field(row, idx.get("Kernel Name"))
+    return KernelFields(
+        kernel_id=int(csv_field(row, idx.get("ID"))),
         kernel_name=name,
         function=short_function_name(name),
-        nvtx_stack=tuple(_csv_nvtx_stack(_cell(row, nvtx_col))),
-        grid=_dims_text(_cell(row, idx.get("Grid Size"))),
-        block=_dims_text(_cell(row, idx.get("Block Size"))),
-        device=_cell(row, idx.get("Device")),
+        nvtx_stack=tuple(csv_nvtx_stack(csv_field(row, nvtx_col))),
+        grid=dims_text(csv_field(row, idx.get("Grid Size"))),
+        block=dims_text(csv_field(row, idx.get("Block Size"))),
+        device=csv_field(row, idx.get("Device")),
     )
 
 
@@ -249,8 +250,8 @@ def read_csv(path: str | Path, run: str = "") -> pd.DataFrame:
     Tolerates ncu/program output around the CSV, old and new unit spellings (values
     are normalised like read_report's), thousands separators and ragged rule rows.
     """
-    path = _existing_file(path)
-    table = _csv_table(path)
+    path = existing_file(path)
+    table = csv_table(path)
     header = table.header
     if "Metric Name" in header and "Metric Value" in header:
         return _read_details(path, header, table.rows, run, table.lines)
@@ -270,24 +271,24 @@ def _read_details(path: Path, header: list[str], rows: list[list[str]], run: str
     i_section, i_name = idx.get("Section Name"), idx["Metric Name"]
     i_unit, i_value = idx.get("Metric Unit"), idx["Metric Value"]
     i_rule = idx.get("Rule Name")
-    per_kernel: dict[int, tuple[_Kernel, dict[str, list[Any]], set[str]]] = {}
+    per_kernel: dict[int, tuple[KernelFields, dict[str, list[Any]], set[str]]] = {}
     for row, line in zip(rows, lines):
-        name = _cell(row, i_name)
-        if not name or _cell(row, i_rule):
+        name = csv_field(row, i_name)
+        if not name or csv_field(row, i_rule):
             continue  # rule rows carry no metric; rule_results() reads them
         if len(row) <= i_value:
             raise ReportError(f"{path}, line {line}: metric row {name!r} ends before its Metric Value column; the "
                               "export is truncated or damaged, export it again with `ncu --csv`")
-        kernel_id = int(_cell(row, idx.get("ID")))
+        kernel_id = int(csv_field(row, idx.get("ID")))
         entry = per_kernel.get(kernel_id)
         if entry is None:
-            entry = per_kernel[kernel_id] = (_kernel_from_row(row, idx, nvtx_col), _empty_metric_cols(), set())
+            entry = per_kernel[kernel_id] = (_kernel_from_row(row, idx, nvtx_col), empty_metric_cols(), set())
         _, cols, seen = entry
-        metric, label = _friendly_to_metric(_cell(row, i_section), name)
+        metric, label = _friendly_to_metric(csv_field(row, i_section), name)
         if metric in seen:
             continue  # the same label listed twice (e.g. in two sections): keep the first
         seen.add(metric)
-        _append_value(cols, metric, label, _cell(row, i_unit), _cell(row, i_value))
+        _append_value(cols, metric, label, csv_field(row, i_unit), csv_field(row, i_value))
     if not per_kernel:
         raise ReportError(f"{path}: the CSV details page has no metric rows (rule rows only?)")
     return _assemble(per_kernel.values(), run, path.name)
@@ -311,14 +312,14 @@ def _read_raw(
             raise ReportError(f"{path}, line {line}: a raw-page row of {len(row)} fields under a header of "
                               f"{len(header)}; the export is truncated or damaged, export it again with `ncu --csv`")
         kernel = _kernel_from_row(row, idx, nvtx_col)
-        cols = _empty_metric_cols()
+        cols = empty_metric_cols()
         for i, metric in metric_idx:
-            _append_value(cols, metric, _LABEL_OF_METRIC.get(metric, ""), _cell(units or [], i), _cell(row, i))
+            _append_value(cols, metric, LABEL_OF_METRIC.get(metric, ""), csv_field(units or [], i), csv_field(row, i))
         values = dict(zip(cols["metric"], cols["value"]))
         display = dict(zip(cols["metric"], cols["value_text"])).get("device__attribute_display_name", "")
-        grid = kernel.grid or _dims_from_values(*(values.get(f"launch__grid_dim_{a}") for a in "xyz"))
-        block = kernel.block or _dims_from_values(*(values.get(f"launch__block_dim_{a}") for a in "xyz"))
-        kernel = _Kernel(
+        grid = kernel.grid or dims_from_values(*(values.get(f"launch__grid_dim_{a}") for a in "xyz"))
+        block = kernel.block or dims_from_values(*(values.get(f"launch__block_dim_{a}") for a in "xyz"))
+        kernel = KernelFields(
             kernel.kernel_id, kernel.kernel_name, kernel.function, kernel.nvtx_stack, grid, block,
             display or kernel.device,
         )  # fmt: skip
@@ -326,15 +327,16 @@ def _read_raw(
     return _assemble(entries, run, path.name)
 
 
-def _assemble(entries: Iterable[tuple[_Kernel, dict[str, list[Any]], set[str]]], run: str, report: str) -> pd.DataFrame:
-    kernels: list[_Kernel] = []
+def _assemble(entries: Iterable[tuple[KernelFields, dict[str, list[Any]], set[str]]], run: str,
+              report: str) -> pd.DataFrame:
+    kernels: list[KernelFields] = []
     counts: list[int] = []
-    cols = _empty_metric_cols()
+    cols = empty_metric_cols()
     for kernel, kcols, _ in entries:
         kernels.append(kernel)
         counts.append(len(kcols["metric"]))
         for key in cols:
             cols[key].extend(kcols[key])
-    return _frame(kernels, counts, cols, run, report)
+    return tidy_frame(kernels, counts, cols, run, report)
 
 

@@ -20,11 +20,11 @@ import pandas as pd
 
 from characterize.errors import ReportError, escape_text
 from characterize.extract.schema import (
-    _dims_from_values,
-    _frame,
-    _Kernel,
-    _report_nvtx_stack,
+    KernelFields,
+    dims_from_values,
     normalize_unit,
+    report_nvtx_stack,
+    tidy_frame,
 )
 from characterize.files import file_kind
 
@@ -32,10 +32,11 @@ from characterize.files import file_kind
 # .ncu-rep reader
 # ---------------------------------------------------------------------------
 
-_REPORT_MAGIC = b"NVR\x00"
+REPORT_MAGIC = b"NVR\x00"
 
 
-def _import_ncu_report() -> Any:
+def import_ncu_report() -> Any:
+    """NVIDIA's optional ncu_report module, or ReportError saying how to install it or export to CSV."""
     try:
         import ncu_report  # noqa: PLC0415 - optional dependency, imported on use
     except (ImportError, OSError) as exc:
@@ -47,7 +48,8 @@ def _import_ncu_report() -> Any:
     return ncu_report
 
 
-def _existing_file(path: str | Path) -> Path:
+def existing_file(path: str | Path) -> Path:
+    """`path` as a Path when it is an existing regular file, else ReportError saying what it is."""
     p = Path(path).expanduser()
     if not p.exists():
         raise ReportError(f"{p}: no such file; check the path (profile runs keep the report in the run directory)")
@@ -56,7 +58,8 @@ def _existing_file(path: str | Path) -> Path:
     return p
 
 
-def _read_head(path: Path, n: int = 64) -> bytes:
+def read_head(path: Path, n: int = 64) -> bytes:
+    """The first `n` bytes of a file (to tell its format by magic), ReportError when unreadable."""
     try:
         with open(path, "rb") as fh:
             return fh.read(n)
@@ -119,7 +122,7 @@ def _crashes_on_load(ncu_report: Any, path: Path) -> list[str]:
     return _PROBED[key]
 
 
-def _report_actions(ncu_report: Any, path: Path, allow_partial: bool) -> list[tuple[int, Any, tuple[str, ...]]]:
+def report_actions(ncu_report: Any, path: Path, allow_partial: bool) -> list[tuple[int, Any, tuple[str, ...]]]:
     """(kernel_id, action, metric names) of every result, in range then action order, checked for truncation.
 
     ncu_report.load_report does not raise on bad input: garbage or a heavily truncated
@@ -128,7 +131,7 @@ def _report_actions(ncu_report: Any, path: Path, allow_partial: bool) -> list[tu
     kernel_id is the running index over all results, so it stays ncu's "ID" even when
     allow_partial drops an incomplete result.
     """
-    head = _read_head(path)
+    head = read_head(path)
     if not head:
         raise ReportError(f"{path}: the file is empty (0 bytes); the profile run probably failed, see its ncu log")
     with _native_stderr() as native:
@@ -158,7 +161,7 @@ def _report_actions(ncu_report: Any, path: Path, allow_partial: bool) -> list[tu
         raise ReportError(f"{path}: ncu_report returned nothing; the file is not a readable Nsight Compute "
                           f"report{said}")
     if not actions:
-        if not head.startswith(_REPORT_MAGIC) and not path.name.endswith(".ncu-repz"):
+        if not head.startswith(REPORT_MAGIC) and not path.name.endswith(".ncu-repz"):
             raise ReportError(
                 f"{path}: not an Nsight Compute report (no report signature, no results); "
                 "pass a .ncu-rep written by `ncu --export`, or a CSV export to read_csv()"
@@ -184,7 +187,7 @@ def _report_actions(ncu_report: Any, path: Path, allow_partial: bool) -> list[tu
     return complete
 
 
-def _utf8(text: str | None, what: str, index: int) -> str:
+def checked_utf8(text: str | None, what: str, index: int) -> str:
     """`text` when it is valid UTF-8 (ncu writes nothing else); a name with undecodable
     bytes means the report is damaged, and would crash every writer downstream."""
     if not text or text.isascii():
@@ -192,11 +195,11 @@ def _utf8(text: str | None, what: str, index: int) -> str:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        raise _Corrupt(f"{what} of result {index + 1} is not valid UTF-8") from None
+        raise CorruptResult(f"{what} of result {index + 1} is not valid UTF-8") from None
     return text
 
 
-class _Corrupt(Exception):
+class CorruptResult(Exception):
     """One result of a report is damaged (internal: becomes ReportError or a skipped result)."""
 
 
@@ -207,7 +210,7 @@ def _report_dims(action: Any, prefix: str) -> str:
         metric = action.metric_by_name(f"{prefix}_{axis}")
         value = None if metric is None else metric.value()
         values.append(None if value is None or isinstance(value, str) else float(value))
-    return _dims_from_values(*values)
+    return dims_from_values(*values)
 
 
 def read_report(path: str | Path, run: str = "", *, allow_partial: bool = False) -> pd.DataFrame:
@@ -216,9 +219,9 @@ def read_report(path: str | Path, run: str = "", *, allow_partial: bool = False)
     ``run`` fills the ``run`` column. A truncated file raises ReportError unless
     ``allow_partial`` is set, in which case incomplete trailing results are skipped.
     """
-    path = _existing_file(path)
-    ncu_report = _import_ncu_report()
-    actions = _report_actions(ncu_report, path, allow_partial)
+    path = existing_file(path)
+    ncu_report = import_ncu_report()
+    actions = report_actions(ncu_report, path, allow_partial)
 
     IMetric = ncu_report.IMetric  # noqa: N806 - class alias for fast dispatch
     doubles = {IMetric.ValueKind_DOUBLE, IMetric.ValueKind_FLOAT}
@@ -235,7 +238,7 @@ def read_report(path: str | Path, run: str = "", *, allow_partial: bool = False)
     unit_col: list[str] = []
     values: list[float] = []
     texts: list[str] = []
-    kernels: list[_Kernel] = []
+    kernels: list[KernelFields] = []
     counts: list[int] = []
 
     for kernel_id, action, names in actions:
@@ -244,15 +247,15 @@ def read_report(path: str | Path, run: str = "", *, allow_partial: bool = False)
         try:
             for name in names:
                 if not name.isascii():  # undecodable bytes would raise TypeError in the binding
-                    _utf8(name, "a metric name", kernel_id)
+                    checked_utf8(name, "a metric name", kernel_id)
                 m = by_name(name)
                 if m is None:
-                    raise _Corrupt(f"metric {name!r} of result {kernel_id + 1} is listed but cannot be read")
+                    raise CorruptResult(f"metric {name!r} of result {kernel_id + 1} is listed but cannot be read")
                 kind = get_kind(m)
                 raw_unit = get_unit(m)
                 norm = units.get(raw_unit)
                 if norm is None:
-                    norm = units[raw_unit] = normalize_unit(_utf8(raw_unit, "a unit", kernel_id))
+                    norm = units[raw_unit] = normalize_unit(checked_utf8(raw_unit, "a unit", kernel_id))
                 if kind in doubles:
                     value = as_double(m) * norm[1]
                     text = ""
@@ -261,32 +264,33 @@ def read_report(path: str | Path, run: str = "", *, allow_partial: bool = False)
                     text = ""
                 elif kind == string_kind:
                     value = nan
-                    text = _utf8(as_string(m), f"the value of {name}", kernel_id)
+                    text = checked_utf8(as_string(m), f"the value of {name}", kernel_id)
                 else:  # no value recorded (ValueKind_UNKNOWN / ANY)
                     value = nan
                     text = ""
                 metrics.append(name)
-                labels.append(_utf8(get_label(m), f"the label of {name}", kernel_id))
+                labels.append(checked_utf8(get_label(m), f"the label of {name}", kernel_id))
                 unit_col.append(norm[0])
                 values.append(value)
                 texts.append(text)
 
             display = by_name("device__attribute_display_name")
-            kernel = _Kernel(
+            kernel = KernelFields(
                 kernel_id=kernel_id,
-                kernel_name=_utf8(action.name(demangled) or action.name() or "", "the kernel name", kernel_id),
-                function=_utf8(action.name() or "", "the function name", kernel_id),
-                nvtx_stack=tuple(_utf8(n, "an NVTX range name", kernel_id) for n in _report_nvtx_stack(action)),
+                kernel_name=checked_utf8(action.name(demangled) or action.name() or "", "the kernel name", kernel_id),
+                function=checked_utf8(action.name() or "", "the function name", kernel_id),
+                nvtx_stack=tuple(checked_utf8(n, "an NVTX range name", kernel_id) for n in report_nvtx_stack(action)),
                 grid=_report_dims(action, "launch__grid_dim"),
                 block=_report_dims(action, "launch__block_dim"),
-                device=_utf8((display.as_string() or "") if display is not None else "", "the device name",
-                             kernel_id),
+                device=checked_utf8((display.as_string() or "") if display is not None else "", "the device name",
+                                    kernel_id),
             )
-        except (_Corrupt, TypeError, UnicodeError, ValueError) as exc:
+        except (CorruptResult, TypeError, UnicodeError, ValueError) as exc:
             del metrics[start:], labels[start:], unit_col[start:], values[start:], texts[start:]
             if allow_partial:
                 continue  # a damaged result costs only itself
-            why = str(exc) if isinstance(exc, _Corrupt) else f"result {kernel_id + 1} cannot be read ({type(exc).__name__})"
+            why = (str(exc) if isinstance(exc, CorruptResult)
+                   else f"result {kernel_id + 1} cannot be read ({type(exc).__name__})")
             raise ReportError(f"{path}: corrupt: {why}; copy the report again or re-run the profile") from None
         counts.append(len(metrics) - start)
         kernels.append(kernel)
@@ -294,6 +298,6 @@ def read_report(path: str | Path, run: str = "", *, allow_partial: bool = False)
         raise ReportError(f"{path}: corrupt: no result of the report can be read; re-copy or re-run the profile")
 
     cols = {"metric": metrics, "label": labels, "unit": unit_col, "value": values, "value_text": texts}
-    return _frame(kernels, counts, cols, run, path.name)
+    return tidy_frame(kernels, counts, cols, run, path.name)
 
 

@@ -12,30 +12,30 @@ import pandas as pd
 from characterize.errors import ReportError
 from characterize.extract.ncu_csv import read_csv
 from characterize.extract.ncu_rep import (
-    _REPORT_MAGIC,
-    _existing_file,
-    _read_head,
+    REPORT_MAGIC,
+    existing_file,
+    read_head,
     read_report,
 )
-from characterize.extract.schema import _KERNEL_INFO, _KERNEL_KEYS, WIDE_METRICS
+from characterize.extract.schema import TIDY_KERNEL_INFO, TIDY_KERNEL_KEYS, WIDE_METRICS
 
 # ---------------------------------------------------------------------------
 # Dispatch
 # ---------------------------------------------------------------------------
 
-_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
 
 def read_any(path: str | Path, run: str = "") -> pd.DataFrame:
     """Read an ncu report or CSV export, choosing the reader by extension, then by content."""
-    path = _existing_file(path)
+    path = existing_file(path)
     name = path.name.lower()
     if name.endswith((".ncu-rep", ".ncu-repz")):
         return read_report(path, run)
     if name.endswith(".csv"):
         return read_csv(path, run)
-    head = _read_head(path, 4096)
-    if head.startswith((_REPORT_MAGIC, _ZSTD_MAGIC)):
+    head = read_head(path, 4096)
+    if head.startswith((REPORT_MAGIC, ZSTD_MAGIC)):
         return read_report(path, run)
     if b'"ID"' in head or head.lstrip().startswith(b"=="):
         return read_csv(path, run)
@@ -56,8 +56,8 @@ def wide(df: pd.DataFrame) -> pd.DataFrame:
     missing = sorted(required - set(df.columns))
     if missing:
         raise ReportError(f"wide() needs a tidy frame from read_report/read_csv; missing columns {missing}")
-    keys = [k for k in _KERNEL_KEYS if k in df.columns]
-    info_cols = [c for c in _KERNEL_INFO if c in df.columns]
+    keys = [k for k in TIDY_KERNEL_KEYS if k in df.columns]
+    info_cols = [c for c in TIDY_KERNEL_INFO if c in df.columns]
     info = df.drop_duplicates(keys)[keys + info_cols].reset_index(drop=True)
 
     wanted = set(WIDE_METRICS.values())

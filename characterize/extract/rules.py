@@ -11,17 +11,17 @@ from typing import Any
 import pandas as pd
 
 from characterize.errors import ReportError
-from characterize.extract.ncu_csv import _RULE_TYPES, _cell, _csv_table, _parse_number
+from characterize.extract.ncu_csv import RULE_TYPES, csv_field, csv_table, parse_number
 from characterize.extract.ncu_rep import (
-    _REPORT_MAGIC,
-    _Corrupt,
-    _existing_file,
-    _import_ncu_report,
-    _read_head,
-    _report_actions,
-    _utf8,
+    REPORT_MAGIC,
+    CorruptResult,
+    checked_utf8,
+    existing_file,
+    import_ncu_report,
+    read_head,
+    report_actions,
 )
-from characterize.extract.read import _ZSTD_MAGIC
+from characterize.extract.read import ZSTD_MAGIC
 from characterize.extract.schema import RULE_COLUMNS
 
 # ---------------------------------------------------------------------------
@@ -33,7 +33,7 @@ def _text(value: Any, path: Path, index: int) -> str:
     """A rule's text field: a string that is valid UTF-8, "" when absent."""
     if value is None:
         return ""
-    return _utf8(str(value), "a rule message", index)
+    return checked_utf8(str(value), "a rule message", index)
 
 
 def _enum_name(enum_cls: Any, value: Any, default: str = "") -> str:
@@ -50,20 +50,20 @@ def rule_results(path: str | Path, run: str = "", *, allow_partial: bool = False
     read_report); from a CSV details page via its rule rows. A CSV raw page carries
     no rules and yields an empty frame.
     """
-    path = _existing_file(path)
+    path = existing_file(path)
     name = path.name.lower()
     is_report = name.endswith((".ncu-rep", ".ncu-repz")) or (
-        not name.endswith(".csv") and _read_head(path).startswith((_REPORT_MAGIC, _ZSTD_MAGIC))
+        not name.endswith(".csv") and read_head(path).startswith((REPORT_MAGIC, ZSTD_MAGIC))
     )
     rows: list[dict[str, Any]] = []
     if is_report:
-        ncu_report = _import_ncu_report()
-        actions = _report_actions(ncu_report, path, allow_partial)
+        ncu_report = import_ncu_report()
+        actions = report_actions(ncu_report, path, allow_partial)
         demangled = ncu_report.IAction.NameBase_DEMANGLED
         for kernel_id, action, _ in actions:
             try:
                 found = []
-                kernel_name = _utf8(action.name(demangled) or action.name() or "", "the kernel name", kernel_id)
+                kernel_name = checked_utf8(action.name(demangled) or action.name() or "", "the kernel name", kernel_id)
                 for result in action.rule_results_as_dicts():
                     message = result.get("rule_message") or {}
                     speedup = result.get("speedup_estimation") or {}
@@ -83,34 +83,35 @@ def rule_results(path: str | Path, run: str = "", *, allow_partial: bool = False
                             "estimated_speedup": float(speedup["speedup"]) if speedup else math.nan,
                         }
                     )
-            except (_Corrupt, TypeError, UnicodeError, ValueError, KeyError, AttributeError) as exc:
+            except (CorruptResult, TypeError, UnicodeError, ValueError, KeyError, AttributeError) as exc:
                 if allow_partial:
                     continue  # a damaged result costs only its own rules
-                why = str(exc) if isinstance(exc, _Corrupt) else f"result {kernel_id + 1} has unreadable rule results"
+                why = (str(exc) if isinstance(exc, CorruptResult)
+                       else f"result {kernel_id + 1} has unreadable rule results")
                 raise ReportError(f"{path}: corrupt: {why}; re-copy or re-run the profile") from None
             rows.extend(found)
     else:
-        table = _csv_table(path)
+        table = csv_table(path)
         header, body = table.header, table.rows
         idx = {h: i for i, h in enumerate(header)}
         if "Rule Name" in idx:
             for row in body:
-                rule = _cell(row, idx["Rule Name"])
+                rule = csv_field(row, idx["Rule Name"])
                 if not rule:
                     continue
-                speedup = _parse_number(_cell(row, idx.get("Estimated Speedup")))
-                rule_type = _cell(row, idx.get("Rule Type"))
+                speedup = parse_number(csv_field(row, idx.get("Estimated Speedup")))
+                rule_type = csv_field(row, idx.get("Rule Type"))
                 rows.append(
                     {
-                        "kernel_id": int(_cell(row, idx["ID"])),
-                        "kernel_name": _cell(row, idx.get("Kernel Name")),
-                        "section": _cell(row, idx.get("Section Name")),
+                        "kernel_id": int(csv_field(row, idx["ID"])),
+                        "kernel_name": csv_field(row, idx.get("Kernel Name")),
+                        "section": csv_field(row, idx.get("Section Name")),
                         "rule": rule,
                         "rule_name": "",
-                        "message_type": _RULE_TYPES.get(rule_type.upper(), rule_type),
+                        "message_type": RULE_TYPES.get(rule_type.upper(), rule_type),
                         "title": "",
-                        "message": _cell(row, idx.get("Rule Description")),
-                        "speedup_type": _cell(row, idx.get("Estimated Speedup Type")).lower(),
+                        "message": csv_field(row, idx.get("Rule Description")),
+                        "speedup_type": csv_field(row, idx.get("Estimated Speedup Type")).lower(),
                         "estimated_speedup": math.nan if speedup is None else speedup,
                     }
                 )

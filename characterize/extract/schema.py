@@ -61,8 +61,8 @@ RULE_COLUMNS: tuple[str, ...] = (
     "message_type", "title", "message", "speedup_type", "estimated_speedup",
 )  # fmt: skip
 
-_KERNEL_KEYS = ["run", "report", "kernel_id"]
-_KERNEL_INFO = ["kernel_name", "function", "nvtx_range", "variant", "dataset", "table", "grid", "block", "device"]
+TIDY_KERNEL_KEYS = ["run", "report", "kernel_id"]
+TIDY_KERNEL_INFO = ["kernel_name", "function", "nvtx_range", "variant", "dataset", "table", "grid", "block", "device"]
 
 # ---------------------------------------------------------------------------
 # Friendly names
@@ -187,13 +187,13 @@ def _unique_labels(mapping: dict[tuple[str, str], str]) -> dict[str, str]:
 
 
 # Fallback when the section name is unknown (renamed section): labels that are unambiguous.
-_FRIENDLY_BY_LABEL = _unique_labels(FRIENDLY_METRICS)
+FRIENDLY_BY_LABEL = _unique_labels(FRIENDLY_METRICS)
 # Reverse direction, to give raw-named CSV rows the same label the report carries.
-_LABEL_OF_METRIC: dict[str, str] = {}
+LABEL_OF_METRIC: dict[str, str] = {}
 for (_section, _label), _metric in FRIENDLY_METRICS.items():
-    _LABEL_OF_METRIC.setdefault(_metric, _label)
+    LABEL_OF_METRIC.setdefault(_metric, _label)
 
-_RAW_METRIC = re.compile(r"^[a-z][a-z0-9_]*__[A-Za-z0-9_.]+$")
+RAW_METRIC = re.compile(r"^[a-z][a-z0-9_]*__[A-Za-z0-9_.]+$")
 
 # ---------------------------------------------------------------------------
 # Units
@@ -307,7 +307,7 @@ def short_function_name(demangled: str) -> str:
 _INTS = re.compile(r"-?\d+")
 
 
-def _dims_text(text: str) -> str:
+def dims_text(text: str) -> str:
     """'(1024,1,1)' / '(1024, 1, 1)' -> '(1024, 1, 1)'; other text unchanged."""
     numbers = _INTS.findall(text or "")
     if len(numbers) == 3:
@@ -315,7 +315,8 @@ def _dims_text(text: str) -> str:
     return (text or "").strip()
 
 
-def _dims_from_values(x: float | None, y: float | None, z: float | None) -> str:
+def dims_from_values(x: float | None, y: float | None, z: float | None) -> str:
+    """'(x, y, z)' from three launch dimensions, '' when any is missing or NaN."""
     if x is None or y is None or z is None or any(math.isnan(v) for v in (x, y, z)):
         return ""
     return f"({int(x)}, {int(y)}, {int(z)})"
@@ -342,7 +343,7 @@ def _nvtx_fields(stack: Sequence[str]) -> tuple[str, str, str, int | None]:
     return innermost, "", "", None
 
 
-def _report_nvtx_stack(action: Any) -> list[str]:
+def report_nvtx_stack(action: Any) -> list[str]:
     """Push/pop range names of one action, outermost first.
 
     Ranges of several NVTX domains cannot be ordered against each other, so the
@@ -374,7 +375,7 @@ def _report_nvtx_stack(action: Any) -> list[str]:
 _QUOTED = re.compile(r'"([^"]*)"')
 
 
-def _csv_nvtx_stack(cell: str) -> list[str]:
+def csv_nvtx_stack(cell: str) -> list[str]:
     """Range names from ncu's 'thread Domain:Push/Pop_Range:PL_Type:...:Msg' CSV cell.
 
     The cell holds the thread id, then one quoted ``domain:range:<6 attribute fields>``
@@ -405,7 +406,7 @@ def _csv_nvtx_stack(cell: str) -> list[str]:
 
 
 @dataclass(frozen=True)
-class _Kernel:
+class KernelFields:
     """Per-launch fields repeated on every metric row of that kernel."""
 
     kernel_id: int
@@ -417,8 +418,8 @@ class _Kernel:
     device: str
 
 
-def _frame(
-    kernels: Sequence[_Kernel],
+def tidy_frame(
+    kernels: Sequence[KernelFields],
     counts: Sequence[int],
     metric_cols: dict[str, list[Any]],
     run: str,
@@ -455,5 +456,6 @@ def _frame(
     return pd.DataFrame(data, columns=list(TIDY_COLUMNS))
 
 
-def _empty_metric_cols() -> dict[str, list[Any]]:
+def empty_metric_cols() -> dict[str, list[Any]]:
+    """Empty per-metric columns (metric, label, unit, value, value_text) for tidy_frame to fill."""
     return {"metric": [], "label": [], "unit": [], "value": [], "value_text": []}

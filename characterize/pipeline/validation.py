@@ -11,7 +11,7 @@ from typing import Any, Sequence
 import pandas as pd
 
 from characterize.analysis.model.constants import ModelConstants
-from characterize.analysis.model.geometry import _prepare as _prepare_points
+from characterize.analysis.model.geometry import prepare_points as _prepare_points
 from characterize.analysis.model.validation_error import write_model_error
 from characterize.analysis.validation import (
     VALIDATION_CSV,

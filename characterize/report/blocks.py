@@ -34,11 +34,11 @@ KERNEL_NAME_INLINE = 120  # longer demangled names show the function name, the f
 def kernel_cell(name: Any, function: Any = "") -> Cell:
     """A kernel's demangled name as a cell: in full when short, else its function name
     with the full name behind a disclosure."""
-    full = _txt(name) or _txt(function)
+    full = as_text(name) or as_text(function)
     if len(full) <= KERNEL_NAME_INLINE:
         return Cell(full, "kname")
 
-    return Cell(_txt(function) or short_function_name(full), "kname", detail=full)
+    return Cell(as_text(function) or short_function_name(full), "kname", detail=full)
 
 
 @dataclass
@@ -144,8 +144,9 @@ class Missing(Exception):
     """Raised by a builder when its data is absent; the message says why, for the reader."""
 
 
-def _figure_block(fig: Any, title: str, caption: str, alt: str | None = None, stamp: str | None = None
-                  ) -> FigureBlock:
+def figure_block(fig: Any, title: str, caption: str, alt: str | None = None, stamp: str | None = None
+                 ) -> FigureBlock:
+    """A matplotlib figure as a page block (a PNG inline, optionally stamped); clears the figure."""
     if stamp:
         put_stamp(fig, stamp, "#a0521e" if stamp == PREDICTION_STAMP else "#b3261e")
     data = png(fig)
@@ -156,7 +157,8 @@ def _figure_block(fig: Any, title: str, caption: str, alt: str | None = None, st
 
 
 # ------------------------------------------------------------------ formatting
-def _isnan(x: Any) -> bool:
+def is_na(x: Any) -> bool:
+    """True for None, pd.NA and NaN, which tables show as '–' (no error on other types)."""
     try:
         return x is None or x is pd.NA or (isinstance(x, (float, np.floating)) and math.isnan(x))
     except TypeError:
@@ -165,7 +167,7 @@ def _isnan(x: Any) -> bool:
 
 def fmt_num(x: Any, digits: int = 3) -> str:
     """A number for a table: thousands separators, about `digits` significant figures."""
-    if _isnan(x):
+    if is_na(x):
         return "–"
     if isinstance(x, (bool, np.bool_)):
         return "yes" if x else "no"
@@ -188,25 +190,26 @@ def fmt_num(x: Any, digits: int = 3) -> str:
 
 
 def fmt_pct(x: Any, digits: int = 1) -> str:
-    return "–" if _isnan(x) else f"{float(x):.{digits}f}%"
+    return "–" if is_na(x) else f"{float(x):.{digits}f}%"
 
 
 def fmt_x(x: Any, ci: Any = None) -> str:
-    if _isnan(x):
+    if is_na(x):
         return "–"
-    return f"{float(x):.2f}×" + ("" if _isnan(ci) else f" ±{float(ci):.2f}")
+    return f"{float(x):.2f}×" + ("" if is_na(ci) else f" ±{float(ci):.2f}")
 
 
 def fmt_ci(x: Any, ci: Any) -> str:
-    return fmt_num(x) + ("" if _isnan(ci) else f" ± {fmt_num(ci, 2)}")
+    return fmt_num(x) + ("" if is_na(ci) else f" ± {fmt_num(ci, 2)}")
 
 
-def _txt(x: Any) -> str:
-    return "" if _isnan(x) else str(x)
+def as_text(x: Any) -> str:
+    """A value as cell text: '' for a missing value (is_na), else str()."""
+    return "" if is_na(x) else str(x)
 
 
-def _table(df: pd.DataFrame | Sequence[dict], spec: Sequence[tuple[str, Callable[[dict], Any]]],
-           caption: str = "", note: str = "") -> TableBlock:
+def table_block(df: pd.DataFrame | Sequence[dict], spec: Sequence[tuple[str, Callable[[dict], Any]]],
+                caption: str = "", note: str = "") -> TableBlock:
     """TableBlock from records; each spec item is (header, row -> str | Cell)."""
     records = df.to_dict("records") if isinstance(df, pd.DataFrame) else list(df)
     rows = []
@@ -219,28 +222,31 @@ def _table(df: pd.DataFrame | Sequence[dict], spec: Sequence[tuple[str, Callable
     return TableBlock([h for h, _ in spec], rows, caption, note)
 
 
-def _col(name: str, f: Callable[[Any], str] = fmt_num, cls: str = "num") -> Callable[[dict], Cell]:
+def column_cell(name: str, f: Callable[[Any], str] = fmt_num, cls: str = "num") -> Callable[[dict], Cell]:
+    """A table_block column: row -> Cell of row[name] formatted by `f` (numbers by default)."""
     return lambda r: Cell(f(r.get(name)), cls)
 
 
-def _code(name: str) -> Callable[[dict], Cell]:
-    return lambda r: Cell(_txt(r.get(name)), "code")
+def code_cell(name: str) -> Callable[[dict], Cell]:
+    """A table_block column: row -> row[name] as code-styled text (variant, dataset, GPU names)."""
+    return lambda r: Cell(as_text(r.get(name)), "code")
 
 
 #: the (variant, dataset) columns that start most tables
 POINT_COLS: tuple[tuple[str, Callable[[dict], Cell]], ...] = (
-    ("variant", _code("variant")), ("dataset", _code("dataset")))
+    ("variant", code_cell("variant")), ("dataset", code_cell("dataset")))
 
 
-def _kv(rows: Sequence[tuple[str, Any]], caption: str = "") -> TableBlock:
-    return TableBlock(["", ""], [[Cell(k, "key"), Cell(_txt(v), "code" if k in _CODE_KEYS else "")]
-                                for k, v in rows if not _isnan(v) and v != ""], caption, kind="kv")
+def kv_table(rows: Sequence[tuple[str, Any]], caption: str = "") -> TableBlock:
+    """A key/value table of (label, value) pairs, leaving out missing and empty values."""
+    return TableBlock(["", ""], [[Cell(k, "key"), Cell(as_text(v), "code" if k in _CODE_KEYS else "")]
+                                for k, v in rows if not is_na(v) and v != ""], caption, kind="kv")
 
 
 _CODE_KEYS = {"command line", "directory", "git revision", "compiler"}
 
 
-def _order(df: pd.DataFrame, variant: str = "variant", dataset: str = "dataset") -> pd.DataFrame:
+def ordered_rows(df: pd.DataFrame, variant: str = "variant", dataset: str = "dataset") -> pd.DataFrame:
     """Rows in family order of variants, then hotness order of datasets."""
     if df.empty:
         return df
@@ -274,7 +280,7 @@ def clean_rule_text(text: str) -> str:
 
 def _dims(x: Any) -> str:
     """'(1024, 1, 1)' as '1024x1x1' (short enough to stay on one line)."""
-    t = _txt(x)
+    t = as_text(x)
     nums = re.findall(r"\d+", t)
     return "x".join(nums) if len(nums) == 3 else (t or "–")
 
@@ -285,9 +291,9 @@ def hit_cell(r: dict, level: str) -> Cell:
     traffic, rate, raw = r.get(f"{level}_traffic"), r.get(f"{level}_hit_rate_pct"), r.get(f"{level}_hit_rate_raw_pct")
     if traffic is False or (isinstance(traffic, (bool, np.bool_)) and not traffic):
         return Cell("no traffic", "num muted", title="no sectors went through this cache: a hit rate means nothing")
-    if _isnan(rate):
+    if is_na(rate):
         return Cell("–", "num")
-    if r.get(f"{level}_hit_rate_clamped") is True or (not _isnan(raw) and float(raw) > 100):
+    if r.get(f"{level}_hit_rate_clamped") is True or (not is_na(raw) and float(raw) > 100):
         return Cell(f"{float(rate):.1f}%*", "num", title=f"ncu reported {float(raw):.2f}%")
     return Cell(fmt_pct(rate), "num")
 
@@ -303,7 +309,7 @@ def clamped_any(k: pd.DataFrame) -> bool:
 
 
 def share_cell(x: Any) -> Cell:
-    return Cell("–" if _isnan(x) else f"{float(x):.1f}%", "num")
+    return Cell("–" if is_na(x) else f"{float(x):.1f}%", "num")
 
 
 def kernel_table(k: pd.DataFrame, caption: str, with_point: bool = True) -> TableBlock:
@@ -311,32 +317,34 @@ def kernel_table(k: pd.DataFrame, caption: str, with_point: bool = True) -> Tabl
     occupancy, hit rates that say 'no traffic', DRAM read and written."""
     spec: list[tuple[str, Callable]] = []
     if with_point:
-        spec += [("variant", lambda r: Cell(_txt(r.get("variant")), "code")),
-                 ("dataset", lambda r: Cell(_txt(r.get("dataset")), "code")),
-                 ("table", lambda r: Cell(_txt(r.get("table")), "num"))]
-    spec += [("ID", _col("kernel_id")),
+        spec += [("variant", lambda r: Cell(as_text(r.get("variant")), "code")),
+                 ("dataset", lambda r: Cell(as_text(r.get("dataset")), "code")),
+                 ("table", lambda r: Cell(as_text(r.get("table")), "num"))]
+    spec += [("ID", column_cell("kernel_id")),
              ("kernel", lambda r: kernel_cell(r.get("kernel_name"), r.get("function"))),
              ("grid / block", lambda r: Cell(f"{_dims(r.get('grid'))} / {_dims(r.get('block'))}", "code nw")),
              ("duration (µs)", lambda r: Cell(fmt_num(r.get("duration_ns", np.nan) / 1e3), "num")),
              ("share of time", lambda r: share_cell(r.get("time_share_pct"))),
-             ("bound", lambda r: Cell(_txt(r.get("bound")), "", title=_txt(r.get("bound_why")))),
-             ("regs", _col("registers_per_thread")),
+             ("bound", lambda r: Cell(as_text(r.get("bound")), "", title=as_text(r.get("bound_why")))),
+             ("regs", column_cell("registers_per_thread")),
              ("occupancy achieved / theoretical", lambda r: Cell(
                  f"{fmt_pct(r.get('achieved_occupancy_pct'))} / {fmt_pct(r.get('theoretical_occupancy_pct'))}", "num")),
              ("L1 hit", lambda r: hit_cell(r, "l1")), ("L2 hit", lambda r: hit_cell(r, "l2")),
-             ("DRAM read", _col("dram_bytes_read", format_bytes)), ("DRAM written", _col("dram_bytes_write", format_bytes)),
-             ("DRAM busy", _col("dram_throughput_pct", fmt_pct)), ("SM busy", _col("sm_throughput_pct", fmt_pct))]
+             ("DRAM read", column_cell("dram_bytes_read", format_bytes)),
+             ("DRAM written", column_cell("dram_bytes_write", format_bytes)),
+             ("DRAM busy", column_cell("dram_throughput_pct", fmt_pct)),
+             ("SM busy", column_cell("sm_throughput_pct", fmt_pct))]
     if with_point:
-        spec.append(("ncu modes", lambda r: Cell(f"cache {_txt(r.get('cache_control')) or '?'}, "
-                                                 f"clock {_txt(r.get('clock_control')) or '?'}", "")))
+        spec.append(("ncu modes", lambda r: Cell(f"cache {as_text(r.get('cache_control')) or '?'}, "
+                                                 f"clock {as_text(r.get('clock_control')) or '?'}", "")))
     else:
         if "nvtx_range" in k.columns and k["nvtx_range"].fillna("").astype(str).ne("").any():
-            spec.insert(2, ("NVTX range", lambda r: Cell(_txt(r.get("nvtx_range")), "code")))
+            spec.insert(2, ("NVTX range", lambda r: Cell(as_text(r.get("nvtx_range")), "code")))
         if "device" in k.columns and k["device"].dropna().astype(str).nunique() > 1:
-            spec.insert(2, ("device", lambda r: Cell(_txt(r.get("device")), "")))
+            spec.insert(2, ("device", lambda r: Cell(as_text(r.get("device")), "")))
     note = "share of time: of the summed duration of the kernels in the same report. " + \
         (CLAMP_NOTE if clamped_any(k) else "'no traffic': no sector went through that cache (not a 0% hit rate).")
-    return _table(k, spec, caption=caption, note=note)
+    return table_block(k, spec, caption=caption, note=note)
 
 
 _SEVERITY = {"ERROR": 0, "WARNING": 1, "OPTIMIZATION": 2, "INFO": 3, "OK": 4, "NONE": 5}
@@ -359,9 +367,10 @@ def rule_topic(section: str) -> str:
     return "other"
 
 
-def _rule_name(r: dict) -> str:
-    name = _txt(r.get("rule_name")) or _txt(r.get("rule"))
-    title = _txt(r.get("title"))
+def rule_label(r: dict) -> str:
+    """A rule finding's label: its rule name, and its title when that says more."""
+    name = as_text(r.get("rule_name")) or as_text(r.get("rule"))
+    title = as_text(r.get("title"))
     return f"{name}: {title}" if title and title != name else name
 
 
@@ -373,7 +382,7 @@ def rank_rules(rules: pd.DataFrame, column: str, weights: dict[Any, float] | Non
     f = rules[rules["message_type"].isin(_FINDINGS)].copy()
     if f.empty:
         return pd.DataFrame()
-    f["finding"] = [_rule_name(r) for r in f.to_dict("records")]
+    f["finding"] = [rule_label(r) for r in f.to_dict("records")]
     rows = []
     for (section, finding), g in f.groupby(["section", "finding"], sort=False):
         worst = min(g["message_type"], key=lambda t: _SEVERITY.get(t, 9))
@@ -381,11 +390,11 @@ def rank_rules(rules: pd.DataFrame, column: str, weights: dict[Any, float] | Non
         for col, h in g.groupby(column, sort=False):
             t = min(h["message_type"], key=lambda t: _SEVERITY.get(t, 9))
             cells[col] = (t, float(h["estimated_speedup"].max()) if h["estimated_speedup"].notna().any() else np.nan)
-        best = max((v for _, v in cells.values() if not _isnan(v)), default=np.nan)
+        best = max((v for _, v in cells.values() if not is_na(v)), default=np.nan)
         weighted = np.nan
         if weights:
             vals = [v * weights.get(c, np.nan) / 100 for c, (_, v) in cells.items()
-                    if not _isnan(v) and not _isnan(weights.get(c, np.nan))]
+                    if not is_na(v) and not is_na(weights.get(c, np.nan))]
             weighted = sum(vals) if vals else np.nan
         msgs = list(dict.fromkeys(clean_rule_text(m) for m in g["message"] if m))
         rows.append({"section": section, "topic": rule_topic(section), "finding": finding, "severity": worst,
@@ -410,23 +419,23 @@ def rule_matrix(ranked: pd.DataFrame, columns: Sequence[Any], names: dict[Any, s
         if c not in r["cells"]:
             return Cell("", "")
         t, v = r["cells"][c]
-        return Cell(_SHORT_TYPE.get(t, t.lower()) + ("" if _isnan(v) else f" {v:.0f}%"),
+        return Cell(_SHORT_TYPE.get(t, t.lower()) + ("" if is_na(v) else f" {v:.0f}%"),
                     "num rule-" + t.lower(), title=t)
 
     spec: list[tuple[str, Callable]] = [
         ("finding", lambda r: Cell(r["finding"], "")), ("section", lambda r: Cell(r["section"], "code"))]
     if weighted:
         spec.append(("est. speedup, time-weighted", lambda r: Cell(
-            "–" if _isnan(r["weighted_speedup_pct"]) else f"{r['weighted_speedup_pct']:.1f}%", "num")))
+            "–" if is_na(r["weighted_speedup_pct"]) else f"{r['weighted_speedup_pct']:.1f}%", "num")))
     spec.append(("largest est. speedup", lambda r: Cell(
-        "–" if _isnan(r["best_speedup_pct"]) else f"{r['best_speedup_pct']:.0f}% ({r['speedup_type'] or '?'})",
+        "–" if is_na(r["best_speedup_pct"]) else f"{r['best_speedup_pct']:.0f}% ({r['speedup_type'] or '?'})",
         "num")))
     spec += [(names.get(c, str(c)), (lambda c: lambda r: cell(r, c))(c)) for c in columns]
     note = ("cells: finding type (error, warn, opt) and ncu's estimated speedup for that column; empty: no finding. "
             "Ranked by " + ("the speedup weighted by each kernel's share of time, then " if weighted else "") +
             "the largest estimated speedup, then severity. ncu estimates 'global' speedups on the whole kernel and "
             "'local' ones on the part the rule concerns.")
-    return _table(ranked, spec, caption=caption, note=note)
+    return table_block(ranked, spec, caption=caption, note=note)
 
 
 def rule_texts(ranked: pd.DataFrame, names: dict[Any, str]) -> DetailsBlock:
@@ -450,7 +459,7 @@ def rules_beside(ranked: pd.DataFrame, topic: str, columns: Sequence[Any], names
     if r.empty:
         return []
     best = r["best_speedup_pct"].max()
-    head = f"ncu rule findings on this: {len(r)}" + ("" if _isnan(best) else
+    head = f"ncu rule findings on this: {len(r)}" + ("" if is_na(best) else
                                                      f", largest estimated speedup {best:.0f}%")
     used = [c for c in columns if any(c in cells for cells in r["cells"])]
     return [DetailsBlock(head, [rule_matrix(r, used, names, "", weighted), rule_texts(r, names)])]

@@ -28,7 +28,8 @@ def _step(src: RunSource, name: str) -> str | None:
     return None if s in (None, "done") else str(s)
 
 
-def _points_missing(src: RunSource, kind: str, hint: str) -> str:
+def points_missing(src: RunSource, kind: str, hint: str) -> str:
+    """Why a run has no usable `kind` points, for the reader, with `hint` saying how to measure them."""
     points = src.bench_points if kind == "bench" else src.profile_points
     failed = [p for p in points if p.get("status") != "ok"]
     if points and len(failed) == len(points):
@@ -43,9 +44,9 @@ def _points_missing(src: RunSource, kind: str, hint: str) -> str:
     return f"not measured: the run directory has no {kind} points. {hint}"
 
 
-_BENCH_HINT = ("Time the kernels on a GPU with `characterize bench EXPERIMENT --out RUN_DIR --resume` "
-               "(`--backend emulate` checks the harness on the CPU).")
-_PROFILE_HINT = "Profile on a GPU with `characterize profile EXPERIMENT --out RUN_DIR --resume`."
+BENCH_HINT = ("Time the kernels on a GPU with `characterize bench EXPERIMENT --out RUN_DIR --resume` "
+              "(`--backend emulate` checks the harness on the CPU).")
+PROFILE_HINT = "Profile on a GPU with `characterize profile EXPERIMENT --out RUN_DIR --resume`."
 
 
 def _both(pred: Callable[[Any], bool], why: Callable[[Any], str]) -> tuple[Callable, Callable]:
@@ -66,7 +67,7 @@ def _has_bench(s: Any) -> bool:
 
 
 def _bench_why(s: Any) -> str:
-    return _points_missing(s, "bench", _BENCH_HINT) if isinstance(s, RunSource) else \
+    return points_missing(s, "bench", BENCH_HINT) if isinstance(s, RunSource) else \
         "an imported ncu report holds no CUDA-event timings"
 
 
@@ -75,7 +76,7 @@ def _has_metrics(s: Any) -> bool:
 
 
 def _metrics_why(s: Any) -> str:
-    return _points_missing(s, "profile", _PROFILE_HINT) if isinstance(s, RunSource) else "the report holds no metrics"
+    return points_missing(s, "profile", PROFILE_HINT) if isinstance(s, RunSource) else "the report holds no metrics"
 
 
 NEEDS: dict[str, Need] = {n.name: n for n in (
@@ -214,9 +215,10 @@ def gpu_command(src: Any) -> str:
     return f"characterize run {exp if shipped else exp + '.toml'}{where} --resume"
 
 
-def _timing_prov(s: Any) -> tuple[str, ...]:
+def timing_provenances(s: Any) -> tuple[str, ...]:
+    """The timing provenances of a source, or of both sides of a Pair (each once, in order)."""
     if isinstance(s, Pair):
-        return tuple(dict.fromkeys(_timing_prov(s.a) + _timing_prov(s.b)))
+        return tuple(dict.fromkeys(timing_provenances(s.a) + timing_provenances(s.b)))
     return (s.timing_provenance,) if isinstance(s, RunSource) else ()
 
 

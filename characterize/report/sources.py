@@ -5,7 +5,6 @@ with the frames panels read.
 from __future__ import annotations
 
 import json
-
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path

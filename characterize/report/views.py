@@ -11,10 +11,10 @@ import pandas as pd
 
 from characterize.analysis import ncu
 from characterize.report.blocks import (
-    _col,
-    _isnan,
+    column_cell,
     fmt_num,
     hit_cell,
+    is_na,
 )
 from characterize.units import format_bytes
 
@@ -41,22 +41,23 @@ def first_answer(k: pd.DataFrame, stalls: dict[Any, Any]) -> str:
         text += f"Its warps stall most on {reason.replace('_', ' ')} ({cyc:.2f} cycles per issued instruction, " \
                 f"{share:.0f}% of its stall cycles). "
     reads, writes = r.get("dram_bytes_read"), r.get("dram_bytes_write")
-    if not _isnan(reads) or not _isnan(writes):
+    if not is_na(reads) or not is_na(writes):
         text += f"DRAM: {format_bytes(reads)} read, {format_bytes(writes)} written."
     return text.strip()
 
 
 def memory_spec() -> list[tuple[str, Any]]:
     """The memory-chart columns as table columns (shared by the memory panel's table)."""
-    return [("L1 load requests", _col("l1_load_requests")),
-            ("sectors / request", _col("l1_sectors_per_load_request")),
+    return [("L1 load requests", column_cell("l1_load_requests")),
+            ("sectors / request", column_cell("l1_sectors_per_load_request")),
             ("L1 hit", lambda r: hit_cell(r, "l1")),
-            ("L1 store sectors", _col("l1_store_sectors")),
-            ("L2 read (from L1)", _col("l2_read_bytes", format_bytes)),
-            ("L2 write (from L1)", _col("l2_write_bytes", format_bytes)),
+            ("L1 store sectors", column_cell("l1_store_sectors")),
+            ("L2 read (from L1)", column_cell("l2_read_bytes", format_bytes)),
+            ("L2 write (from L1)", column_cell("l2_write_bytes", format_bytes)),
             ("L2 hit", lambda r: hit_cell(r, "l2")),
-            ("DRAM read", _col("dram_bytes_read", format_bytes)), ("DRAM written", _col("dram_bytes_write", format_bytes)),
-            ("spill sectors (local)", _col("l1_spill_sectors"))]
+            ("DRAM read", column_cell("dram_bytes_read", format_bytes)),
+            ("DRAM written", column_cell("dram_bytes_write", format_bytes)),
+            ("spill sectors (local)", column_cell("l1_spill_sectors"))]
 
 
 def prediction_gpus(s: Any, p: pd.DataFrame) -> list[str]:

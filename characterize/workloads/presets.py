@@ -83,7 +83,8 @@ def parse_dataset(spec: str) -> Hotness | Path:
                       + did_you_mean(text, list(PRESETS)))
 
 
-def _rng(seed: int, table: int, name: str) -> np.random.Generator:
+def table_rng(seed: int, table: int, name: str) -> np.random.Generator:
+    """A generator seeded per (seed, table, dataset name), so each table's draws are reproducible."""
     salt = int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "little")
     return np.random.default_rng(np.random.SeedSequence([seed, table, salt]))
 

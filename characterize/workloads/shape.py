@@ -22,12 +22,12 @@ import numpy as np
 from characterize.config import Pooling, WorkloadConfig
 from characterize.errors import ConfigError, MissingInput
 from characterize.workloads.traces import (
-    _file_streams,
-    _npz_contents,
-    _pt_parts,
-    _reading,
-    _scan,
-    _trace_file,
+    checked_trace_file,
+    file_streams,
+    npz_contents,
+    pt_parts,
+    reading_trace,
+    scan_chunks,
 )
 
 #: what `characterize workload --help` lists as accepted trace files
@@ -63,14 +63,14 @@ class TraceShape:
 
 def trace_shape(path: str | Path) -> TraceShape:
     """Read a trace file once and say what it holds (every index range-checked)."""
-    p = _trace_file(path)
+    p = checked_trace_file(path)
     suffix = p.suffix.lower()
-    with _reading(p):
+    with reading_trace(p):
         if suffix in (".npz", ".pt", ".pth"):
             if suffix == ".npz":
-                parts, arrays = _npz_contents(p)
+                parts, arrays = npz_contents(p)
             else:
-                parts, arrays = _pt_parts(p), []
+                parts, arrays = pt_parts(p), []
             if parts is not None:
                 lengths = [np.diff(offs) for _, offs, _ in parts]
                 every = np.concatenate(lengths) if lengths else np.empty(0, dtype=np.int64)
@@ -82,8 +82,8 @@ def trace_shape(path: str | Path) -> TraceShape:
             largest = max((int(a.max()) for a in arrays if a.size), default=-1)
             return TraceShape(p, "npz, one array per table", len(arrays), False, largest + 1,
                               tuple(int(a.size) for a in arrays))
-        streams = _file_streams(p)
-        scans = [_scan(read(), 0, None, p, t) for t, (_, read) in enumerate(streams)]
+        streams = file_streams(p)
+        scans = [scan_chunks(read(), 0, None, p, t) for t, (_, read) in enumerate(streams)]
         largest = max(s.largest for s in scans)
         if suffix == ".npy" and len(scans) > 1:
             return TraceShape(p, "npy, one row per table", len(scans), False, largest + 1,

@@ -27,7 +27,7 @@ from characterize.errors import CharacterizeError, ConfigError, MemoryBudgetErro
 from characterize.files import atomic_output, file_kind
 from characterize.memory import check_memory
 from characterize.units import format_bytes
-from characterize.workloads.presets import Hotness, _rng, parse_dataset, sample_indices
+from characterize.workloads.presets import Hotness, parse_dataset, sample_indices, table_rng
 
 
 # ------------------------------------------------------------------- traces
@@ -105,7 +105,7 @@ def generate(spec: str | Hotness, config: WorkloadConfig, tables: Iterable[int] 
                  "lower B, L, batches or E")
     traces = []
     for t in which:
-        rng = _rng(config.seed, t, h.name)
+        rng = table_rng(config.seed, t, h.name)
         lengths = config.L.sample(rng, config.B * config.batches)
         offsets, starts = _bags_from_lengths(lengths, config.batches, config.B)
         traces.append(TableTrace(sample_indices(h, config.E, int(starts[-1]), rng), offsets, starts))
@@ -119,7 +119,7 @@ def generate_stream(spec: str | Hotness, E: int, n: int, seed: int = 0, table: i
         raise ConfigError(f"{spec} is a file, not a generator")
     check_memory(sampling_bytes(h, E, n), f"generating {n:,} {h.name} lookups over E={E:,} rows",
                  "ask for fewer lookups or a smaller E")
-    return sample_indices(h, E, n, _rng(seed, table, h.name))
+    return sample_indices(h, E, n, table_rng(seed, table, h.name))
 
 
 # ------------------------------------------------------------------- loaders
@@ -176,7 +176,7 @@ class _Scan:
     head: np.ndarray
 
 
-def _scan(chunks: Iterator[np.ndarray], keep: int, rows: int | None, path: Path, table: int) -> _Scan:
+def scan_chunks(chunks: Iterator[np.ndarray], keep: int, rows: int | None, path: Path, table: int) -> _Scan:
     """Range-check every chunk of a stream and keep only its first `keep` values, so the
     memory held is `keep` values plus one chunk whatever the file's size."""
     kept: list[np.ndarray] = []
@@ -315,7 +315,8 @@ def _npy_streams(path: Path) -> list[tuple[int, Callable[[], Iterator[np.ndarray
     return [(n, lambda r=r: _npy_chunks(path, data + r * n * dtype.itemsize, n, dtype, r)) for r in range(rows)]
 
 
-def _file_streams(p: Path) -> list[tuple[int | None, Callable[[], Iterator[np.ndarray]]]]:
+def file_streams(p: Path) -> list[tuple[int | None, Callable[[], Iterator[np.ndarray]]]]:
+    """(length or None, chunk reader) for each index stream of a .npy or text trace file."""
     if p.suffix.lower() == ".npy":
         return list(_npy_streams(p))
     return [(None, lambda: _text_chunks(p))]
@@ -327,7 +328,7 @@ def _streams_to_dataset(streams: list[tuple[int | None, Callable[[], Iterator[np
     table t continues where table t-1 stopped when one stream serves every table.
     Every stream is read once in chunks and range-checked whole, but only the lookups
     the tables take are kept (bag lengths are drawn first, so that number is known)."""
-    rng = _rng(config.seed, 0, path.name)
+    rng = table_rng(config.seed, 0, path.name)
     lengths = [config.L.sample(rng, config.B * config.batches) for _ in range(tables)]
     sizes = [int(x.sum()) for x in lengths]
     if len(streams) == 1:
@@ -337,7 +338,7 @@ def _streams_to_dataset(streams: list[tuple[int | None, Callable[[], Iterator[np
                 for i in range(len(streams))]
     check_memory(16 * sum(sizes) + 8 * sum(keep),
                  f"reading {sum(sizes):,} lookups of {path.name} for {tables} table(s)", "lower B, L, batches or T")
-    scans = [_scan(read(), k, rows, path, i) for i, ((_, read), k) in enumerate(zip(streams, keep))]
+    scans = [scan_chunks(read(), k, rows, path, i) for i, ((_, read), k) in enumerate(zip(streams, keep))]
     E = rows or max(s.largest for s in scans) + 1
     out = []
     cursor = 0
@@ -432,7 +433,7 @@ def _npz_bytes(p: Path) -> int:
     return total
 
 
-def _npz_contents(p: Path) -> tuple[list[tuple[np.ndarray, np.ndarray, int]] | None, list[np.ndarray]]:
+def npz_contents(p: Path) -> tuple[list[tuple[np.ndarray, np.ndarray, int]] | None, list[np.ndarray]]:
     """An .npz trace as bagged tables (indices, offsets, first position) or, failing
     that layout, as one flat array per table (sorted by name)."""
     check_memory(3 * _npz_bytes(p), f"loading {p.name}", "use a smaller trace, or split it into one array per table")
@@ -474,7 +475,7 @@ _BAG_LIKE = re.compile(r"(?i)(off|offs|offset|offsets_?\w*|len|lens|length|lengt
 
 
 def _load_npz(p: Path, config: WorkloadConfig, rows: int | None, T: int) -> Dataset:
-    parts, arrays = _npz_contents(p)
+    parts, arrays = npz_contents(p)
     if parts is not None:
         ds = _bagged_to_dataset(parts[:T], p, config, rows)
     else:
@@ -503,7 +504,7 @@ def _pt_bytes(p: Path) -> int:
         return sum(info.file_size for info in z.infolist())
 
 
-def _pt_parts(p: Path) -> list[tuple[np.ndarray, np.ndarray, int]]:
+def pt_parts(p: Path) -> list[tuple[np.ndarray, np.ndarray, int]]:
     """The tables of a dlrm_datasets .pt file: (indices, offsets, first position) each."""
     import torch
 
@@ -531,7 +532,7 @@ def _pt_parts(p: Path) -> list[tuple[np.ndarray, np.ndarray, int]]:
 
 
 def _load_pt(p: Path, config: WorkloadConfig, rows: int | None, T: int) -> Dataset:
-    parts = _pt_parts(p)
+    parts = pt_parts(p)
     return _bagged_to_dataset(parts[: min(T, len(parts))], p, config, rows)
 
 
@@ -539,12 +540,12 @@ def _table_streams(p: Path) -> list[tuple[int | None, Callable[[], Iterator[np.n
     """(length, chunk reader) of each table of a trace file, in the file's order."""
     suffix = p.suffix.lower()
     if suffix == ".npz":
-        parts, arrays = _npz_contents(p)
+        parts, arrays = npz_contents(p)
         arrays = [idx for idx, _, _ in parts] if parts is not None else arrays
     elif suffix in (".pt", ".pth"):
-        arrays = [idx for idx, _, _ in _pt_parts(p)]
+        arrays = [idx for idx, _, _ in pt_parts(p)]
     else:
-        return _file_streams(p)
+        return file_streams(p)
     return [(len(a), lambda a=a: iter([a])) for a in arrays]
 
 
@@ -567,7 +568,7 @@ def trace_file_problem(path: str | Path) -> str | None:
     return None
 
 
-def _trace_file(path: str | Path) -> Path:
+def checked_trace_file(path: str | Path) -> Path:
     """`path` as a Path, or WorkloadError naming why it is not a readable trace file."""
     p = Path(path)
     problem = trace_file_problem(p)
@@ -577,7 +578,7 @@ def _trace_file(path: str | Path) -> Path:
 
 
 @contextmanager
-def _reading(p: Path) -> Iterator[None]:
+def reading_trace(p: Path) -> Iterator[None]:
     """Reading trace file `p`: running out of memory, or any damage numpy, zipfile and
     zlib report in their own exception types, becomes one domain error naming the file."""
     try:
@@ -599,16 +600,16 @@ def load_trace(path: str | Path, config: WorkloadConfig | None = None, rows: int
     .npz (indices+offsets[+lengths], or one array per table), .pt (dlrm_datasets:
     indices, offsets, lengths). `rows` is E (inferred from the largest index if None).
     Any damage is a WorkloadError naming the file; memory is checked before loading."""
-    p = _trace_file(path)
+    p = checked_trace_file(path)
     config = config or WorkloadConfig()
     T = tables or config.T
     suffix = p.suffix.lower()
-    with _reading(p):
+    with reading_trace(p):
         if suffix == ".npz":
             return _load_npz(p, config, rows, T)
         if suffix in (".pt", ".pth"):
             return _load_pt(p, config, rows, T)
-        return _streams_to_dataset(_file_streams(p), p, config, rows, T)
+        return _streams_to_dataset(file_streams(p), p, config, rows, T)
 
 
 @dataclass
@@ -627,12 +628,12 @@ def read_table(path: str | Path, table: int = 0, rows: int | None = None, lookup
     streams (.txt, 1-D .npy) are one table, read in chunks: only `lookups` are kept, but
     the whole stream is range-checked and counted. What the bench reads (batches of B
     bags, streams read circularly) is `load_trace`."""
-    p = _trace_file(path)
+    p = checked_trace_file(path)
     if table < 0:
         raise ConfigError(f"table must be 0 or more, got {table}")
     if lookups is not None and lookups < 1:
         raise ConfigError(f"lookups must be a positive number, got {lookups}")
-    with _reading(p):
+    with reading_trace(p):
         streams = _table_streams(p)
         if table >= len(streams):
             one = " (one stream of lookups)" if len(streams) == 1 else ""
@@ -645,7 +646,7 @@ def read_table(path: str | Path, table: int = 0, rows: int | None = None, lookup
             check_memory(8 * n, f"reading table {table} of {p.name} ({n:,} lookups)",
                          "analyze the first N lookups (--lookups N)")
         keep = lookups if lookups is not None else (length if length is not None else 1 << 62)
-        scan = _scan(read(), keep, rows, p, table)
+        scan = scan_chunks(read(), keep, rows, p, table)
     if lookups is not None and lookups > scan.length:
         raise ConfigError(f"{p}: table {table} holds {scan.length:,} lookups; --lookups {lookups:,} asks for more. "
                           f"Ask for at most {scan.length:,}, or pass --as-consumed to read the file circularly "

@@ -26,9 +26,9 @@ from characterize.extract.schema import (
     TIDY_COLUMNS,
     WIDE_METRICS,
     _nvtx_fields,
-    _report_nvtx_stack,
     normalize_unit,
     parse_nvtx_convention,
+    report_nvtx_stack,
     short_function_name,
 )
 
@@ -554,15 +554,15 @@ class _Action:
 
 
 def test_report_nvtx_stack_uses_innermost_push_pop_range() -> None:
-    assert _report_nvtx_stack(_Action(None)) == []
-    assert _report_nvtx_stack(_Action(_State([_Domain("<default domain>", [])]))) == []
+    assert report_nvtx_stack(_Action(None)) == []
+    assert report_nvtx_stack(_Action(_State([_Domain("<default domain>", [])]))) == []
     action = _Action(_State([_Domain("<default domain>", ["bench", "chz/rpf/high/11", "gather"])]))
-    stack = _report_nvtx_stack(action)
+    stack = report_nvtx_stack(action)
     assert _nvtx_fields(stack) == ("gather", "rpf", "high", 11)  # convention found outside the innermost range
     other = _Action(
         _State([_Domain("torch", ["aten::embedding_bag"]), _Domain("<default domain>", ["chz/base/low/0"])])
     )
-    assert _nvtx_fields(_report_nvtx_stack(other)) == ("chz/base/low/0", "base", "low", 0)
+    assert _nvtx_fields(report_nvtx_stack(other)) == ("chz/base/low/0", "base", "low", 0)
 
 
 @pytest.mark.parametrize(

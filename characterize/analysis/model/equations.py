@@ -1,5 +1,5 @@
 """Analysis stage, model equations: time, traffic and the bounding resource of one
-prepared point (model.geometry._Point) for one set of constants.
+prepared point (model.geometry.ModelPoint) for one set of constants.
 """
 
 from __future__ import annotations
@@ -8,16 +8,16 @@ import math
 from typing import Any
 
 from characterize.analysis.model.constants import WAVEFRONT, ModelConstants
-from characterize.analysis.model.geometry import _Point
+from characterize.analysis.model.geometry import ModelPoint
 from characterize.analysis.model.host import cache_terms, uvm_terms
-from characterize.analysis.model.locality import _hit_fraction
+from characterize.analysis.model.locality import hit_fraction
 
 #: load-to-use latency of a row read in place from host memory over the link (zero-copy
 #: managed memory): the GPU's DRAM latency plus a PCIe round trip (~1 us)
 HOST_READ_LATENCY_NS = 1000.0
 
 
-def l2_hit(p: _Point, c: ModelConstants) -> float:
+def l2_hit(p: ModelPoint, c: ModelConstants) -> float:
     """Share of row lookups that hit L2: an LRU of f x L2 bytes shared by the rows and every
     byte streamed through it (indices, offsets, outputs; other tables' launches between
     batches), with the hot rows of l2p pinned in the set-aside, warm from the pre-pass
@@ -27,13 +27,13 @@ def l2_hit(p: _Point, c: ModelConstants) -> float:
     if p.host == "uvm" and p.uvm_mode == "zero-copy":
         return 0.0   # rows read in place over the host link: measured as fast on a skewed trace as on a uniform one
     if p.l2 == "none" or (p.prepass_rows == 0 and p.pinned_rows == 0):
-        return _hit_fraction(prof.byte_distances(p.mode, rs, p.stream_bytes, in_flight=p.tables_in_flight),
-                             capacity)
+        return hit_fraction(prof.byte_distances(p.mode, rs, p.stream_bytes, in_flight=p.tables_in_flight),
+                            capacity)
     if p.l2 == "prefetch" and not p.set_aside:
         k = p.prepass_rows
         hot = prof.pinned(k)
-        warm = _hit_fraction(prof.warm_start(k, p.mode, rs, p.stream_bytes), capacity)
-        cold = _hit_fraction(prof.byte_distances(p.mode, rs, p.stream_bytes, f"cold:{k}"), capacity)
+        warm = hit_fraction(prof.warm_start(k, p.mode, rs, p.stream_bytes), capacity)
+        cold = hit_fraction(prof.byte_distances(p.mode, rs, p.stream_bytes, f"cold:{k}"), capacity)
         return hot * warm + (1 - hot) * cold
     k = p.pinned_rows
     hot = prof.pinned(k)
@@ -42,13 +42,13 @@ def l2_hit(p: _Point, c: ModelConstants) -> float:
         # set-aside its lost pins leave is normal L2 again, where such a row competes as without pinning
         rest = c.l2_capacity_factor * max(gpu.l2_bytes - c.pinned_hit * k * rs, 0.0)
         kept, unkept = prof.window(k, p.mode)
-        unkept_hit = _hit_fraction(unkept, rest / rs)
+        unkept_hit = hit_fraction(unkept, rest / rs)
         hot_hit = c.pinned_hit + (1 - c.pinned_hit) * (kept + (1 - kept) * unkept_hit)
     else:
         rest = c.l2_capacity_factor * max(gpu.l2_bytes - k * rs, 0.0)
         kept, unkept = prof.window(k, p.mode)
-        hot_hit = kept + (1 - kept) * _hit_fraction(unkept, rest / rs)
-    cold = _hit_fraction(prof.byte_distances(p.mode, rs, p.stream_bytes, f"cold:{k}"), rest)
+        hot_hit = kept + (1 - kept) * hit_fraction(unkept, rest / rs)
+    cold = hit_fraction(prof.byte_distances(p.mode, rs, p.stream_bytes, f"cold:{k}"), rest)
     return hot * hot_hit + (1 - hot) * cold
 
 
@@ -64,7 +64,7 @@ def norm(terms: Any, k: float) -> float:
     return hi * sum((x / hi) ** k for x in t) ** (1.0 / k)
 
 
-def _evaluate(p: _Point, c: ModelConstants) -> dict[str, Any]:
+def evaluate_point(p: ModelPoint, c: ModelConstants) -> dict[str, Any]:
     """The model's equations for one point and one constant set (the module docstring of
     characterize.analysis.model says them in words)."""
     gpu, k, rs = p.gpu, p.kernel, p.row_sector_bytes
@@ -72,7 +72,7 @@ def _evaluate(p: _Point, c: ModelConstants) -> dict[str, Any]:
     zero_copy = p.host == "uvm" and p.uvm_mode == "zero-copy"
     # the L1 of an SM holds the rows of the tables its resident blocks walk: one each at most
     on_sm = max(1, min(p.tables_in_flight, k.blocks_per_sm))
-    l1 = 0.0 if zero_copy else _hit_fraction(p.l1, gpu.l1_data_bytes / rs / on_sm)
+    l1 = 0.0 if zero_copy else hit_fraction(p.l1, gpu.l1_data_bytes / rs / on_sm)
     phi1, phi2, phid = l1, max(h2 - l1, 0.0), 1.0 - max(h2, l1)
     lam1, lam2 = c.l1_latency_ns, c.l2_latency_ns
     lamd = c.dram_latency_ns + (HOST_READ_LATENCY_NS if p.host == "uvm" and p.uvm_mode == "zero-copy" else 0.0)

@@ -29,7 +29,7 @@ from characterize.progress import Progress
 
 # ------------------------------------------------------------- kernel shapes
 @dataclass(frozen=True)
-class _Point:
+class ModelPoint:
     """One (variant, dataset, GPU, mode): everything that does not depend on the constants."""
 
     variant: str
@@ -226,13 +226,13 @@ def kernel_facts(v: Variant, gpu: GpuSpec, wl: WorkloadConfig, static: pd.DataFr
     return ours(v, gpu, wl, _of_dtype(static, wl.dtype, "static"), _of_dtype(sass, wl.dtype, "SASS"), params)
 
 
-def _prepare(workload: WorkloadConfig, datasets: Sequence[str], variants: Sequence[str], gpus: Sequence[GpuSpec],
-             params: Mapping[str, dict[str, Any]], static: Any, sass: Any, tables: int, mode: str,
-             profiles: dict[tuple, TraceProfile], progress: Progress | None,
-             cache_ratios: Sequence[float] | None = None, set_aside: bool = True,
-             custom: Mapping[str, Mapping[str, Any]] | None = None,
-             skipped: list[str] | None = None, with_base: bool = True,
-             optional: Sequence[str] = ()) -> list[_Point]:
+def prepare_points(workload: WorkloadConfig, datasets: Sequence[str], variants: Sequence[str], gpus: Sequence[GpuSpec],
+                   params: Mapping[str, dict[str, Any]], static: Any, sass: Any, tables: int, mode: str,
+                   profiles: dict[tuple, TraceProfile], progress: Progress | None,
+                   cache_ratios: Sequence[float] | None = None, set_aside: bool = True,
+                   custom: Mapping[str, Mapping[str, Any]] | None = None,
+                   skipped: list[str] | None = None, with_base: bool = True,
+                   optional: Sequence[str] = ()) -> list[ModelPoint]:
     """Every point to evaluate (base's too, the speedups' reference, unless `with_base`
     is False). A variant whose kernel has no facts on a GPU (a peer without code for
     it, a shape it refuses) is left out and said in `skipped`, instead of failing the
@@ -305,7 +305,7 @@ def _prepare(workload: WorkloadConfig, datasets: Sequence[str], variants: Sequen
                 k_res = min(kk, int(gpu.max_persisting_l2_bytes // rs)) if (aside or v.l2 == "window") else 0
                 layouts = _host_layouts(v, workload, gpu, params.get(name), cache_ratios) if v.host != "none" else [{}]
                 host = hosts.setdefault(ds, HostProfile(prof)) if v.host != "none" else None
-                points.extend(_Point(
+                points.extend(ModelPoint(
                     variant=name, dataset=ds, gpu=gpu, kernel=k, l2=v.l2, set_aside=aside, tables=workload.T,
                     tables_per_launch=tpl, tables_in_flight=flight, lookups=N, bags=B, row_bytes=workload.row_bytes, row_sector_bytes=rs,
                     tasks=geo["tasks"], blocks=geo["blocks"], warps_per_block=geo["warps_per_block"],

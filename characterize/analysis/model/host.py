@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from characterize.analysis.model.locality import TraceProfile, _hit_fraction, _Stream
+from characterize.analysis.model.locality import ReuseStream, TraceProfile, hit_fraction
 from characterize.config import INDEX_BYTES
 from characterize.hardware.specs import UVM_FAULT_BATCH, UVM_PAGE_BYTES, GpuSpec, HOST_ROW_GATHER_GBps
 
@@ -124,7 +124,7 @@ class HostProfile:
     def __init__(self, profile: TraceProfile):
         self.profile = profile
         self._cache: dict[int, CacheReplay] = {}
-        self._pages: dict[tuple[int, int], list[_Stream]] = {}
+        self._pages: dict[tuple[int, int], list[ReuseStream]] = {}
 
     def cache(self, C: int) -> CacheReplay:
         """Replay the policy with C rows on every analyzed table (compacted ids: rows the
@@ -145,7 +145,7 @@ class HostProfile:
             self._cache[C] = CacheReplay(C, u, m, a, e, lh)
         return self._cache[C]
 
-    def pages(self, row_bytes: int, page_bytes: int = UVM_PAGE_BYTES) -> list[_Stream]:
+    def pages(self, row_bytes: int, page_bytes: int = UVM_PAGE_BYTES) -> list[ReuseStream]:
         """Per table, the reuse of its pages of managed memory (rows of `row_bytes` laid
         out in order)."""
         key = (row_bytes, page_bytes)
@@ -155,7 +155,7 @@ class HostProfile:
             for ids, batch in zip(prof.original, prof._batch):
                 pages = (ids * row_bytes) // page_bytes
                 uniq, dense = np.unique(pages, return_inverse=True)
-                out.append(_Stream.of(dense.astype(np.int64).reshape(-1), batch, int(uniq.size)))
+                out.append(ReuseStream.of(dense.astype(np.int64).reshape(-1), batch, int(uniq.size)))
             self._pages[key] = out
         return self._pages[key]
 
@@ -177,12 +177,12 @@ def cache_terms(replay: CacheReplay, gpu: GpuSpec, row_bytes: int, lookups: floa
             "time_us": dedup + transfer + lookup_us}
 
 
-def uvm_terms(streams: list[_Stream], gpu: GpuSpec, capacity_pages: float, tables: int, mode: str,
+def uvm_terms(streams: list[ReuseStream], gpu: GpuSpec, capacity_pages: float, tables: int, mode: str,
               lookups: float, lookup_us: float) -> dict[str, float]:
     """Managed memory for one launch: page hits against the GPU memory's share of this
     table, the faults and migrations of the misses (module docstring)."""
     d = np.sort(np.concatenate([s.effective(tables, mode) for s in streams])) if streams else np.empty(0)
-    hit = _hit_fraction(d, capacity_pages)
+    hit = hit_fraction(d, capacity_pages)
     misses = (1 - hit) * lookups
     host_bytes = misses * UVM_PAGE_BYTES
     transfer = math.ceil(misses / UVM_FAULT_BATCH) * gpu.uvm_fault_batch_us + host_bytes / gpu.pcie_GBps / 1e3

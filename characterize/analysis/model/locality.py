@@ -31,7 +31,7 @@ def sectors_per_row(row_bytes: int) -> float:
     return float(np.mean([-(-(o + row_bytes) // SECTOR) for o in range(0, SECTOR, step)]))
 
 
-def _hit_fraction(sorted_distances: np.ndarray, capacity_rows: float) -> float:
+def hit_fraction(sorted_distances: np.ndarray, capacity_rows: float) -> float:
     """Fraction of lookups whose distance is below the capacity (an LRU of that many rows hits)."""
     if sorted_distances.size == 0:
         return 0.0
@@ -75,7 +75,7 @@ def _hot_ranks(indices: np.ndarray, rows: int, k: int) -> tuple[np.ndarray, np.n
 
 
 @dataclass(frozen=True)
-class _Stream:
+class ReuseStream:
     """Reuse of one lookup stream: per scored lookup, distance, batches crossed, the
     lookups since the previous read of its row, and its position in its launch."""
 
@@ -87,7 +87,7 @@ class _Stream:
     per_launch: float = 0.0  # lookups per launch
 
     @classmethod
-    def of(cls, idx: np.ndarray, batch: np.ndarray, rows: int, batches: int | None = None) -> "_Stream":
+    def of(cls, idx: np.ndarray, batch: np.ndarray, rows: int, batches: int | None = None) -> "ReuseStream":
         """`batch`: each lookup's batch; lookups of batch 0 are history only when the trace
         has more than one (`batches`, the whole trace's count: a subset of its lookups, such
         as the hot rows', may have none past batch 0 and must not score its history then)."""
@@ -214,7 +214,7 @@ class TraceProfile:
         self.original = [tr.indices for tr in data.tables]
         self._traces, self.rows = _compact(data.tables, data.rows)
         self._batch = [np.repeat(np.arange(tr.batches), np.diff(tr.starts)) for tr in data.tables]
-        self._streams = {"all": [_Stream.of(tr.indices, b, self.rows, tr.batches)
+        self._streams = {"all": [ReuseStream.of(tr.indices, b, self.rows, tr.batches)
                                  for tr, b in zip(self._traces, self._batch)]}
         self.lookups_per_launch = float(np.mean([tr.starts[-1] / tr.batches for tr in self._traces]))
         self.bags = int(self._traces[0].offsets.shape[1])
@@ -247,7 +247,7 @@ class TraceProfile:
 
     def byte_distances(self, mode: str, row_sector_bytes: float, stream_bytes: float,
                        subset: str = "all", in_flight: int = 1) -> np.ndarray:
-        """Sorted L2 distances in bytes of the scored lookups (_Stream.bytes_between), with
+        """Sorted L2 distances in bytes of the scored lookups (ReuseStream.bytes_between), with
         `in_flight` tables gathered at once."""
         key = ("bytes", subset, mode, round(row_sector_bytes, 3), round(stream_bytes, 3), in_flight)
         if key not in self._sorted:
@@ -317,8 +317,8 @@ class TraceProfile:
                 hot_n += int(np.count_nonzero(hot & scored))
                 n += int(np.count_nonzero(scored))
                 for name, sel in ((f"hot:{k}", hot), (f"cold:{k}", ~hot)):
-                    self._streams[name].append(_Stream.of(tr.indices[sel], batch[sel], self.rows,
-                                                          tr.batches))
+                    self._streams[name].append(ReuseStream.of(tr.indices[sel], batch[sel], self.rows,
+                                                              tr.batches))
             self._hot_fraction[k] = hot_n / max(n, 1)
         return self._hot_fraction[k]
 

@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 
 from characterize.analysis.model.constants import MODES, ModelConstants, load_calibration
-from characterize.analysis.model.equations import _evaluate
-from characterize.analysis.model.geometry import _Point, _prepare
+from characterize.analysis.model.equations import evaluate_point
+from characterize.analysis.model.geometry import ModelPoint, prepare_points
 from characterize.analysis.model.locality import warm
 from characterize.analysis.model.validation_error import model_error, regime_of
 from characterize.config import ExperimentConfig, WorkloadConfig
@@ -28,15 +28,15 @@ COLUMNS = artifact("predictions").column_names
 REFERENCES = ("base", "torch", "fbgemm")
 
 
-def _frame(points: Sequence[_Point], consts: Mapping[str, tuple[ModelConstants, str]],
+def _frame(points: Sequence[ModelPoint], consts: Mapping[str, tuple[ModelConstants, str]],
            keep: Sequence[str]) -> pd.DataFrame:
     error = model_error()
     rows = []
     for p in points:
         c, label = consts[p.gpu.key]
         fast, slow = c.band()
-        out = _evaluate(p, c)
-        lo, hi = _evaluate(p, fast)["time_us"], _evaluate(p, slow)["time_us"]
+        out = evaluate_point(p, c)
+        lo, hi = evaluate_point(p, fast)["time_us"], evaluate_point(p, slow)["time_us"]
         t = out["time_us"]
         regime = regime_of(p.host, p.lookups / max(p.bags, 1), out["bound"])
         if error is not None:   # the model's own error in this regime, beside the constants' ranges
@@ -141,9 +141,9 @@ def predict(workload: WorkloadConfig, datasets: Sequence[str], variants: Sequenc
     reads_base = workload.dtype in VARIANTS["base"].dtypes
     frames = []
     for m in modes:
-        points = _prepare(workload, list(datasets), names, gpus, params or {}, static, sass, tables, m, profiles,
-                          progress, cache_ratios, set_aside=set_aside, custom=custom, skipped=skipped,
-                          optional=[n for n in names if n not in wanted and (n != "base" or not reads_base)])
+        points = prepare_points(workload, list(datasets), names, gpus, params or {}, static, sass, tables, m, profiles,
+                                progress, cache_ratios, set_aside=set_aside, custom=custom, skipped=skipped,
+                                optional=[n for n in names if n not in wanted and (n != "base" or not reads_base)])
         needs: dict[int, set[tuple[int, str]]] = {}   # what the points will read of each trace, side by side
         for p in points:
             if p.l2 != "none" and (p.pinned_rows or p.prepass_rows):

@@ -18,17 +18,17 @@ from characterize.report.blocks import (
     Missing,
     NoteBlock,
     PanelOutput,
-    _col,
-    _isnan,
-    _order,
-    _table,
-    _txt,
+    as_text,
+    column_cell,
     fmt_ci,
     fmt_num,
     fmt_pct,
     fmt_x,
+    is_na,
+    ordered_rows,
+    table_block,
 )
-from characterize.report.layout import S_COMPARE, S_NCU, Panel, _timing_prov
+from characterize.report.layout import S_COMPARE, S_NCU, Panel, timing_provenances
 from characterize.report.plots import order_datasets, order_variants
 from characterize.report.provenance import PROVENANCE
 from characterize.report.sources import Pair, RunSource
@@ -61,22 +61,22 @@ _HEAD = {c: h for c, h, _, _ in KERNEL_METRICS}
 
 
 def _pct(x: Any) -> str:
-    return "–" if _isnan(x) else f"{float(x):+.1f}%"
+    return "–" if is_na(x) else f"{float(x):+.1f}%"
 
 
 def _points(x: Any) -> str:
     """A change of a percentage, in percentage points."""
-    return "–" if _isnan(x) else f"{float(x):+.1f} pt"
+    return "–" if is_na(x) else f"{float(x):+.1f} pt"
 
 
 def _unmatched(un: pd.DataFrame, keys: Sequence[str], pair: Pair, what: str) -> list[Any]:
     if un is None or un.empty:
         return [NoteBlock(f"Every {what} is present in both.")]
     names = {"a": pair.a.label, "b": pair.b.label}
-    spec = [(k, (lambda k: lambda r: Cell(_txt(r.get(k)), "code"))(k)) for k in keys if k in un.columns]
+    spec = [(k, (lambda k: lambda r: Cell(as_text(r.get(k)), "code"))(k)) for k in keys if k in un.columns]
     spec.append(("only in", lambda r: Cell(names.get(r["only_in"], str(r["only_in"])), "")))
-    return [_table(_order(un), spec, caption=f"Unmatched {what}s ({len(un)}): present on one side only, "
-                                             "listed instead of dropped")]
+    return [table_block(ordered_rows(un), spec, caption=f"Unmatched {what}s ({len(un)}): present on one side only, "
+                                                        "listed instead of dropped")]
 
 
 def _same(pair: Pair) -> bool:
@@ -150,33 +150,33 @@ def _c_metrics(pair: Pair) -> PanelOutput:
                 if not isinstance(v, tuple):
                     return Cell("–", "num")
                 x, y, d = v
-                cls = "num" + ("" if _isnan(d) or abs(d) < 5 else " bad" if d > 0 else " good") \
+                cls = "num" + ("" if is_na(d) or abs(d) < 5 else " bad" if d > 0 else " good") \
                     if c == "duration_ns" else "num"
                 change = _points(y - x) if c.endswith("_pct") else _pct(d)
                 return Cell(f"{_FMT[c](x)} → {_FMT[c](y)} ({change})", cls)
             return f
 
-        spec = [(k, (lambda k: lambda r: Cell(_txt(r.get(k)), "code"))(k)) for k in keys]
-        spec += [(pair.a.label, lambda r: Cell(_txt(r["a_kernel"]), "kname")),
-                 (pair.b.label, lambda r: Cell(_txt(r["b_kernel"]), "kname")),
+        spec = [(k, (lambda k: lambda r: Cell(as_text(r.get(k)), "code"))(k)) for k in keys]
+        spec += [(pair.a.label, lambda r: Cell(as_text(r["a_kernel"]), "kname")),
+                 (pair.b.label, lambda r: Cell(as_text(r["b_kernel"]), "kname")),
                  ("matched by", lambda r: Cell(r["match"], ""))]
         spec += [(_head(c, per.get(c, "")), cell(c)) for c, h, _, shown in KERNEL_METRICS
                  if shown and c in deltas["metric"].values]
-        blocks.append(_table(_order(w) if keys else w, spec,
-                             caption=f"Matched kernels: {pair.a.label} → {pair.b.label} (change in %)",
-                             note="a single profile carries no confidence interval, so no significance is claimed "
-                                  "for these deltas; a run's kernels are averaged over its profiled launches" +
-                                  ("; durations, bytes and instruction counts per table: a batched launch (tbe's) "
-                                   "divided by the tables it covers" if "table" in per.values() else "")))
-        lspec = [(k, (lambda k: lambda r: Cell(_txt(r.get(k)), "code"))(k)) for k in keys]
-        lspec += [("kernels", lambda r: Cell(f"{_txt(r['a_kernel'])} ↔ {_txt(r['b_kernel'])}", "kname")),
+        blocks.append(table_block(ordered_rows(w) if keys else w, spec,
+                                  caption=f"Matched kernels: {pair.a.label} → {pair.b.label} (change in %)",
+                                  note="a single profile carries no confidence interval, so no significance is claimed "
+                                       "for these deltas; a run's kernels are averaged over its profiled launches" +
+                                       ("; durations, bytes and instruction counts per table: a batched launch (tbe's) "
+                                        "divided by the tables it covers" if "table" in per.values() else "")))
+        lspec = [(k, (lambda k: lambda r: Cell(as_text(r.get(k)), "code"))(k)) for k in keys]
+        lspec += [("kernels", lambda r: Cell(f"{as_text(r['a_kernel'])} ↔ {as_text(r['b_kernel'])}", "kname")),
                   ("metric", lambda r: Cell(_head(r["metric"], r["per"]), "")),
                   (pair.a.label, lambda r: Cell(_FMT[r["metric"]](r["a"]), "num")),
                   (pair.b.label, lambda r: Cell(_FMT[r["metric"]](r["b"]), "num")),
                   ("delta (b − a)", lambda r: Cell(_points(r["delta"]) if r["metric"].endswith("_pct") else
                                                    _FMT[r["metric"]](r["delta"]), "num")),
                   ("delta %", lambda r: Cell(_pct(r["delta_pct"]), "num"))]
-        blocks.append(DetailsBlock(f"Every compared metric ({len(deltas)} rows)", [_table(deltas, lspec)]))
+        blocks.append(DetailsBlock(f"Every compared metric ({len(deltas)} rows)", [table_block(deltas, lspec)]))
     un = kp.unmatched()
     if not un.empty:
         blocks += _unmatched(un, [*keys, "kernel"], pair, "kernel")
@@ -195,19 +195,19 @@ def _c_bench(pair: Pair) -> PanelOutput:
                                 "warning"))
     elif a.emulated:
         blocks.append(NoteBlock("Both sides are CPU emulation: NOT GPU performance.", "warning"))
-    spec = [*POINT_COLS, ("mode", _col("mode", _txt, "")),
+    spec = [*POINT_COLS, ("mode", column_cell("mode", as_text, "")),
             (f"{a.label} (µs)", lambda r: Cell(fmt_ci(r["per_table_us_a"], r.get("ci95_us_a")), "num")),
             (f"{b.label} (µs)", lambda r: Cell(fmt_ci(r["per_table_us_b"], r.get("ci95_us_b")), "num")),
-            ("delta (µs)", _col("delta_us")), ("delta %", lambda r: Cell(_pct(r["delta_pct"]), "num")),
+            ("delta (µs)", column_cell("delta_us")), ("delta %", lambda r: Cell(_pct(r["delta_pct"]), "num")),
             ("significant (95%)", lambda r: Cell("–" if r["significant"] is None else
                                                  "yes" if r["significant"] else "no", "")),
             ("speedup of b over a", lambda r: Cell(fmt_x(r["per_table_us_a"] / r["per_table_us_b"]
                                                          if r["per_table_us_b"] else np.nan), "num"))]
-    blocks.append(_table(_order(both), spec, caption=f"Latency per table launch: {a.label} → {b.label}",
-                         note="significant: |delta| exceeds the 95% CI of the difference of two independent means "
-                              "(sqrt(ci_a² + ci_b²))"))
+    blocks.append(table_block(ordered_rows(both), spec, caption=f"Latency per table launch: {a.label} → {b.label}",
+                              note="significant: |delta| exceeds the 95% CI of the difference of two independent means "
+                                   "(sqrt(ci_a² + ci_b²))"))
     blocks += _unmatched(un, ["variant", "dataset", "mode"], pair, "timed point")
-    return PanelOutput(blocks, provenance=_timing_prov(pair),
+    return PanelOutput(blocks, provenance=timing_provenances(pair),
                        modes="both sides: " + "; ".join(a.timing_mode(m) for m in a.modes))
 
 
@@ -218,16 +218,17 @@ def _diff_blocks(changed: pd.DataFrame, un: pd.DataFrame, same: int, keys: Seque
     if changed.empty:
         blocks.append(NoteBlock(f"No {what} changed ({same} row(s) identical on both sides)."))
     else:
-        spec = [(k, (lambda k: lambda r: Cell(_txt(r.get(k)), "code"))(k)) for k in keys]
+        spec = [(k, (lambda k: lambda r: Cell(as_text(r.get(k)), "code"))(k)) for k in keys]
         spec += [("column", lambda r: Cell(r["column"], "code")),
-                 (pair.a.label, lambda r: Cell(_txt(r["a"]) if not isinstance(r["a"], float) else fmt_num(r["a"]),
+                 (pair.a.label, lambda r: Cell(as_text(r["a"]) if not isinstance(r["a"], float) else fmt_num(r["a"]),
                                                "num")),
-                 (pair.b.label, lambda r: Cell(_txt(r["b"]) if not isinstance(r["b"], float) else fmt_num(r["b"]),
+                 (pair.b.label, lambda r: Cell(as_text(r["b"]) if not isinstance(r["b"], float) else fmt_num(r["b"]),
                                                "num")),
                  ("delta", lambda r: Cell(fmt_num(r["delta"]), "num"))]
-        blocks.append(_table(_order(changed), spec, caption=f"{len(changed)} changed value(s) in "
-                                                            f"{changed[keys].drop_duplicates().shape[0]} row(s); "
-                                                            f"{same} row(s) unchanged"))
+        blocks.append(table_block(ordered_rows(changed), spec,
+                                  caption=f"{len(changed)} changed value(s) in "
+                                          f"{changed[keys].drop_duplicates().shape[0]} row(s); "
+                                          f"{same} row(s) unchanged"))
     blocks += _unmatched(un, keys, pair, f"{what} row")
     return blocks
 
@@ -252,25 +253,25 @@ def _c_predictions(pair: Pair) -> PanelOutput:
         moved["_abs"] = moved["delta_pct"].abs()
         moved = moved.sort_values("_abs", ascending=False, kind="stable")
         keys = [k for k in analyze.PREDICTION_KEYS if k in both.columns]
-        spec = [(k, (lambda k: lambda r: Cell(_txt(r.get(k)), "code"))(k)) for k in keys]
+        spec = [(k, (lambda k: lambda r: Cell(as_text(r.get(k)), "code"))(k)) for k in keys]
 
         def band(r: dict, side: str) -> str:
             lo, hi = r.get(f"time_us_low_{side}"), r.get(f"time_us_high_{side}")
-            return "" if _isnan(lo) or _isnan(hi) else f" [{fmt_num(lo)}–{fmt_num(hi)}]"
+            return "" if is_na(lo) or is_na(hi) else f" [{fmt_num(lo)}–{fmt_num(hi)}]"
         spec += [(f"{pair.a.label} (µs)", lambda r: Cell(fmt_num(r["time_us_a"]) + band(r, "a"), "num")),
                  (f"{pair.b.label} (µs)", lambda r: Cell(fmt_num(r["time_us_b"]) + band(r, "b"), "num")),
-                 ("delta (µs)", _col("delta_us")), ("delta %", lambda r: Cell(_pct(r["delta_pct"]), "num")),
+                 ("delta (µs)", column_cell("delta_us")), ("delta %", lambda r: Cell(_pct(r["delta_pct"]), "num")),
                  ("outside the band", lambda r: Cell("–" if r["outside_band"] is None else
                                                      "yes" if r["outside_band"] else "no", "")),
-                 ("bound", lambda r: Cell(f"{_txt(r.get('bound_a'))} → {_txt(r.get('bound_b'))}"
+                 ("bound", lambda r: Cell(f"{as_text(r.get('bound_a'))} → {as_text(r.get('bound_b'))}"
                                           if "bound_a" in r else "", ""))]
         if moved.empty:
             blocks.append(NoteBlock(f"All {len(both)} shared predictions are unchanged (within 0.05%)."))
         else:
-            blocks.append(_table(moved, spec, caption=f"{len(moved)} of {len(both)} shared predictions changed, "
-                                                      "largest change first",
-                                 note="in brackets: the model's band (time_us_low–time_us_high); outside the band: "
-                                      "one side's time lies outside the other side's band (– without bands)"))
+            blocks.append(table_block(
+                moved, spec, caption=f"{len(moved)} of {len(both)} shared predictions changed, largest change first",
+                note="in brackets: the model's band (time_us_low–time_us_high); outside the band: "
+                     "one side's time lies outside the other side's band (– without bands)"))
     blocks += _unmatched(un, [k for k in analyze.PREDICTION_KEYS if k in un.columns], pair, "prediction")
     return PanelOutput(blocks)
 
@@ -291,7 +292,7 @@ def _vs_cell(c: str, r: dict | None, reference: bool) -> Cell:
         return Cell(text, "num")
     d = r["delta_pct"]
     change = _points(r["b"] - r["a"]) if c.endswith("_pct") else _pct(d)
-    cls = "num" + ("" if c != "duration_ns" or _isnan(d) or abs(d) < 5 else " bad" if d > 0 else " good")
+    cls = "num" + ("" if c != "duration_ns" or is_na(d) or abs(d) < 5 else " bad" if d > 0 else " good")
     return Cell(f"{text} ({change})", cls)
 
 
@@ -318,8 +319,8 @@ def _vs_base(src: RunSource) -> PanelOutput:
     note = ("mean lookup launch per point, the L2 pinning pre-pass left out (as bench's per-table latency leaves it "
             "out); durations and bytes per table: a batched launch (tbe) divided by the tables it covers; changes "
             "relative to base (percentages: in points); one profile each, so no significance is claimed")
-    return PanelOutput([_table(rows, spec, caption=f"{techniques} technique(s) against {REFERENCE}, dataset by "
-                                                   "dataset", note=note)], modes=_modes_of(src))
+    return PanelOutput([table_block(rows, spec, caption=f"{techniques} technique(s) against {REFERENCE}, dataset by "
+                                                        "dataset", note=note)], modes=_modes_of(src))
 
 
 def _modes_of(src: RunSource) -> str:
@@ -333,7 +334,7 @@ def _vs_applies(src: Any) -> bool:
 
 
 COMPARE_PANELS: tuple[Panel, ...] = (
-    Panel("bench", "Timing comparison", S_COMPARE, ("bench",), _timing_prov,
+    Panel("bench", "Timing comparison", S_COMPARE, ("bench",), timing_provenances,
           "analyze.diff_bench on the timed points of both runs, matched on variant, dataset and mode (after the "
           "--pair variants); delta with its significance from both confidence intervals", _c_bench),
     Panel("metrics", "Kernels matched and compared (Nsight Compute)", S_COMPARE, ("kview-both",), ("ncu",),

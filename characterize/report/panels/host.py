@@ -17,14 +17,14 @@ from characterize.report.blocks import (
     Missing,
     NoteBlock,
     PanelOutput,
-    _code,
-    _col,
-    _figure_block,
-    _isnan,
-    _order,
-    _table,
+    code_cell,
+    column_cell,
+    figure_block,
     fmt_num,
     fmt_pct,
+    is_na,
+    ordered_rows,
+    table_block,
 )
 from characterize.report.layout import (
     S_MODEL,
@@ -68,39 +68,40 @@ def _p_cache_ratio(s: RunSource) -> PanelOutput:
                                    "dataset's trace (warmed from its frequencies).", "prediction")]
     gpu = prediction_gpus(s, h)[0]
     d = h[h["gpu"].astype(str) == gpu] if gpu else h
-    blocks.append(_figure_block(cache_hit_figure(d, f"Predicted cache hit rate vs cache size ({gpu})"),
-                                "Cache hit rate vs cache ratio", _host_prov(s), stamp=PREDICTION_STAMP))
-    spec = [("dataset", _code("dataset")), ("GPU", _code("gpu")), ("cache (% of E)", _col("cache_ratio", fmt_pct100)),
-            ("C (rows)", _col("cache_rows", fmt_num)), ("predicted hit rate (unique rows)",
-                                                        _col("cache_hit_rate_pct", fmt_pct)),
-            ("predicted hit rate (lookups)", _col("cache_lookup_hit_rate_pct", fmt_pct)),
-            ("share of all-GPU speed", _col("speedup_vs_base", fmt_pct100))]
-    blocks.append(DetailsBlock(f"Cache sizes ({len(h)} rows)", [_table(
-        _order(h), spec, caption=f"PREDICTED for {h['dtype'].iloc[0] if 'dtype' in h.columns else 'the'} tables: "
+    blocks.append(figure_block(cache_hit_figure(d, f"Predicted cache hit rate vs cache size ({gpu})"),
+                               "Cache hit rate vs cache ratio", _host_prov(s), stamp=PREDICTION_STAMP))
+    spec = [("dataset", code_cell("dataset")), ("GPU", code_cell("gpu")),
+            ("cache (% of E)", column_cell("cache_ratio", fmt_pct100)),
+            ("C (rows)", column_cell("cache_rows", fmt_num)),
+            ("predicted hit rate (unique rows)", column_cell("cache_hit_rate_pct", fmt_pct)),
+            ("predicted hit rate (lookups)", column_cell("cache_lookup_hit_rate_pct", fmt_pct)),
+            ("share of all-GPU speed", column_cell("speedup_vs_base", fmt_pct100))]
+    blocks.append(DetailsBlock(f"Cache sizes ({len(h)} rows)", [table_block(
+        ordered_rows(h), spec, caption=f"PREDICTED for {h['dtype'].iloc[0] if 'dtype' in h.columns else 'the'} tables: "
         "the cache sizes the run swept; share of all-GPU speed = base's time (tables in GPU memory) / this time")]))
     return PanelOutput(blocks)
 
 
 def fmt_pct100(v: Any) -> str:
     """A share (0..1) as a percentage."""
-    return fmt_pct(100 * v) if not _isnan(v) else "–"
+    return fmt_pct(100 * v) if not is_na(v) else "–"
 
 
 def _p_host_time(s: RunSource) -> PanelOutput:
     h = _host_rows(s)
     gpu = prediction_gpus(s, h)[0]
-    d = _order(h[h["gpu"].astype(str) == gpu] if gpu else h)
+    d = ordered_rows(h[h["gpu"].astype(str) == gpu] if gpu else h)
     blocks: list[Any] = [NoteBlock("Model predictions, not measurements: the parts run one after another "
                                    "(dedup/map: unique ids and the slot map on the GPU; transfer: the missed rows "
                                    "gathered on the host and copied in one batch, or managed pages migrated; "
                                    "lookup: base's kernel on the cache slots).", "prediction")]
-    blocks.append(_figure_block(host_time_figure(d, f"Predicted time per table launch, split ({gpu})"),
-                                "Time breakdown per batch", _host_prov(s), stamp=PREDICTION_STAMP))
-    spec = [*POINT_COLS, ("cache (% of E)", _col("cache_ratio", fmt_pct100)),
-            ("dedup/map (µs)", _col("dedup_us")), ("transfer (µs)", _col("transfer_us")),
-            ("lookup (µs)", _col("lookup_us")), ("total (µs)", _col("time_us"))]
-    blocks.append(DetailsBlock(f"Time split ({len(d)} rows)", [_table(d, spec, caption="PREDICTED, per table "
-                                                                      "launch; a batch is T of them")]))
+    blocks.append(figure_block(host_time_figure(d, f"Predicted time per table launch, split ({gpu})"),
+                               "Time breakdown per batch", _host_prov(s), stamp=PREDICTION_STAMP))
+    spec = [*POINT_COLS, ("cache (% of E)", column_cell("cache_ratio", fmt_pct100)),
+            ("dedup/map (µs)", column_cell("dedup_us")), ("transfer (µs)", column_cell("transfer_us")),
+            ("lookup (µs)", column_cell("lookup_us")), ("total (µs)", column_cell("time_us"))]
+    blocks.append(DetailsBlock(f"Time split ({len(d)} rows)", [table_block(d, spec, caption="PREDICTED, per table "
+                                                                           "launch; a batch is T of them")]))
     return PanelOutput(blocks)
 
 
@@ -115,13 +116,13 @@ def _p_host_bytes(s: RunSource) -> PanelOutput:
     budget = {ds: link.GBps * 1e3 * float(g["lookup_us"].iloc[0]) for ds, g in cache.groupby("dataset")}
     blocks: list[Any] = [NoteBlock(f"Model predictions, not measurements. {link.name}: {link.GBps:g} GB/s "
                                    f"({link.source.split(';')[0]}).", "prediction")]
-    blocks.append(_figure_block(host_bytes_figure(cache, budget, f"Predicted host bytes vs {link.name} ({gpu})"),
-                                "Host bytes against link bandwidth", _host_prov(s), stamp=PREDICTION_STAMP))
-    spec = [*POINT_COLS, ("cache (% of E)", _col("cache_ratio", fmt_pct100)),
-            ("host bytes per launch", _col("host_bytes", format_bytes)), ("link", _code("host_link")),
-            ("transfer (µs)", _col("transfer_us"))]
-    blocks.append(DetailsBlock(f"Host traffic ({len(d)} rows)", [_table(_order(d), spec, caption="PREDICTED; uvm "
-                                                                        "migrates whole 64 KiB pages")]))
+    blocks.append(figure_block(host_bytes_figure(cache, budget, f"Predicted host bytes vs {link.name} ({gpu})"),
+                               "Host bytes against link bandwidth", _host_prov(s), stamp=PREDICTION_STAMP))
+    spec = [*POINT_COLS, ("cache (% of E)", column_cell("cache_ratio", fmt_pct100)),
+            ("host bytes per launch", column_cell("host_bytes", format_bytes)), ("link", code_cell("host_link")),
+            ("transfer (µs)", column_cell("transfer_us"))]
+    blocks.append(DetailsBlock(f"Host traffic ({len(d)} rows)", [table_block(
+        ordered_rows(d), spec, caption="PREDICTED; uvm migrates whole 64 KiB pages")]))
     return PanelOutput(blocks)
 
 

@@ -17,14 +17,14 @@ from characterize.report.blocks import (
     Missing,
     NoteBlock,
     PanelOutput,
-    _col,
-    _figure_block,
-    _kv,
-    _table,
-    _txt,
+    as_text,
+    column_cell,
+    figure_block,
     fmt_num,
     fmt_pct,
+    kv_table,
     share_cell,
+    table_block,
 )
 from characterize.report.layout import S_OVERVIEW, Panel
 from characterize.report.plots import (
@@ -60,7 +60,7 @@ def _i_summary(s: ImportSource) -> PanelOutput:
     rows = [("file", str(s.path)), ("size", format_bytes(s.path.stat().st_size)), ("kernels", len(w)),
             ("metric values", len(s.metrics)), ("distinct metrics", s.metrics["metric"].nunique()),
             ("device", ", ".join(devices) or "not recorded"), ("collection modes", s.recorded_modes or MODES)]
-    blocks: list[Any] = [_kv(rows)]
+    blocks: list[Any] = [kv_table(rows)]
     empty = ncu.without_data(s.kview)
     if not empty.empty:
         blocks.append(NoteBlock("Named in the report but holding no values (ncu did not finish profiling them; "
@@ -78,20 +78,21 @@ def _i_time(s: ImportSource) -> PanelOutput:
     answer = first_answer(k, stalls)
     if answer:
         blocks.append(NoteBlock(answer))
-    blocks.append(_figure_block(kernel_duration_figure(k, "Where the time goes: duration per kernel"),
-                                "Duration per kernel", "linear axis: bar length is time; labels: share of the "
-                                "summed kernel duration"))
+    blocks.append(figure_block(kernel_duration_figure(k, "Where the time goes: duration per kernel"),
+                               "Duration per kernel", "linear axis: bar length is time; labels: share of the "
+                               "summed kernel duration"))
     d = ncu.slowest(k, len(k))
-    spec = [("kernel", lambda r: Cell(r["label"], "kname", detail=_txt(r.get("kernel_name")))),
+    spec = [("kernel", lambda r: Cell(r["label"], "kname", detail=as_text(r.get("kernel_name")))),
             ("duration (µs)", lambda r: Cell(fmt_num(r.get("duration_ns", np.nan) / 1e3), "num")),
             ("share of time", lambda r: share_cell(r.get("time_share_pct"))),
-            ("bound", lambda r: Cell(_txt(r.get("bound")), "", title=_txt(r.get("bound_why")))),
+            ("bound", lambda r: Cell(as_text(r.get("bound")), "", title=as_text(r.get("bound_why")))),
             ("SM / memory (% of peak)", lambda r: Cell(f"{fmt_pct(r.get('sm_throughput_pct'))} / "
                                                        f"{fmt_pct(r.get('memory_throughput_pct'))}", "num")),
             ("top stalls (cycles per issued instruction, share of its stalls)",
              lambda r: Cell(stall_text(stalls.get(r["kernel_id"])), "")),
-            ("DRAM read", _col("dram_bytes_read", format_bytes)), ("DRAM written", _col("dram_bytes_write", format_bytes))]
-    blocks.append(_table(d, spec, caption="Kernels by time, longest first"))
+            ("DRAM read", column_cell("dram_bytes_read", format_bytes)),
+            ("DRAM written", column_cell("dram_bytes_write", format_bytes))]
+    blocks.append(table_block(d, spec, caption="Kernels by time, longest first"))
     return PanelOutput(blocks)
 
 

@@ -9,13 +9,13 @@ from characterize.hardware.specs import DEFAULT_GPU
 from characterize.report.blocks import (
     Cell,
     PanelOutput,
-    _col,
-    _figure_block,
-    _isnan,
-    _kv,
-    _table,
+    column_cell,
+    figure_block,
     fmt_num,
     fmt_pct,
+    is_na,
+    kv_table,
+    table_block,
 )
 from characterize.report.layout import (
     S_LOCALITY,
@@ -54,33 +54,33 @@ def _p_locality(s: RunSource) -> PanelOutput:
         rows.append({"dataset": ds, **d, **{f"top_{k}": (d.get("top_k_coverage") or {}).get(str(k)) for k in ks},
                      **{f"q_{q}": (d.get("reuse_distance_quantiles") or {}).get(q) for q in qs}})
     spec = [("dataset", lambda r: Cell(r["dataset"], "code")),
-            ("lookups", _col("lookups")),
+            ("lookups", column_cell("lookups")),
             ("unique rows", lambda r: Cell(fmt_num(r.get("unique_rows")) + (
                 f" ({100 * r['unique_rows'] / r['rows']:.1f}% of {fmt_num(r['rows'])})" if r.get("rows") else ""),
                 "num")),
-            ("first reads", lambda r: Cell(fmt_pct(100 * r["cold_fraction"]) if not _isnan(r.get("cold_fraction"))
+            ("first reads", lambda r: Cell(fmt_pct(100 * r["cold_fraction"]) if not is_na(r.get("cold_fraction"))
                                            else "–", "num"))]
     spec += [(f"top-{k:,} coverage", (lambda k: lambda r: Cell(fmt_pct(100 * r[f"top_{k}"])
-                                                                if not _isnan(r.get(f"top_{k}")) else "–", "num"))(k))
+                                                                if not is_na(r.get(f"top_{k}")) else "–", "num"))(k))
              for k in ks]
-    spec += [(f"reuse {q}", _col(f"q_{q}")) for q in qs]
-    spec += [("bytes touched", _col("bytes_touched", format_bytes))]
-    blocks: list[Any] = [_table(rows, spec, caption="One table of each dataset (tables share a distribution)",
-                                note="reuse distance: distinct rows read between two reads of the same row; "
-                                     "top-K coverage: fraction of lookups that hit the K most frequent rows")]
+    spec += [(f"reuse {q}", column_cell(f"q_{q}")) for q in qs]
+    spec += [("bytes touched", column_cell("bytes_touched", format_bytes))]
+    blocks: list[Any] = [table_block(rows, spec, caption="One table of each dataset (tables share a distribution)",
+                                     note="reuse distance: distinct rows read between two reads of the same row; "
+                                          "top-K coverage: fraction of lookups that hit the K most frequent rows")]
     descs = [(ds, raw[ds].get("description")) for ds in names if raw[ds].get("description")]
     if descs:
-        blocks.append(_kv(descs, caption="Dataset definitions"))
+        blocks.append(kv_table(descs, caption="Dataset definitions"))
     row_bytes = next((d.get("row_bytes") for d in raw.values() if d.get("row_bytes")), None)
     ks = sorted({int(k) for d in raw.values() for k in (d.get("top_k_coverage") or {})})
-    blocks.append(_figure_block(coverage_figure(raw, _l2_marks(s, row_bytes), "Top-K coverage per dataset"),
-                                "Top-K coverage", "markers: the K values locality.json stores (" +
-                                ", ".join(f"{k:,}" for k in ks) + ") and K = unique rows (100%, exact); vertical "
-                                "lines: rows of this size that fill each target GPU's L2. Coverage below the "
-                                "smallest stored K is not stored, so it is not drawn"))
+    blocks.append(figure_block(coverage_figure(raw, _l2_marks(s, row_bytes), "Top-K coverage per dataset"),
+                               "Top-K coverage", "markers: the K values locality.json stores (" +
+                               ", ".join(f"{k:,}" for k in ks) + ") and K = unique rows (100%, exact); vertical "
+                               "lines: rows of this size that fill each target GPU's L2. Coverage below the "
+                               "smallest stored K is not stored, so it is not drawn"))
     if any(d.get("reuse_histogram") for d in raw.values()):
-        blocks.append(_figure_block(reuse_figure(raw, "Reuse-distance distribution"), "Reuse-distance distribution",
-                                    "log2 bins; first reads (no earlier read) in the legend"))
+        blocks.append(figure_block(reuse_figure(raw, "Reuse-distance distribution"), "Reuse-distance distribution",
+                                   "log2 bins; first reads (no earlier read) in the legend"))
     return PanelOutput(blocks)
 
 

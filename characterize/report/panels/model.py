@@ -26,17 +26,17 @@ from characterize.report.blocks import (
     NoteBlock,
     PanelOutput,
     TableBlock,
-    _code,
-    _col,
-    _figure_block,
-    _isnan,
-    _order,
-    _table,
-    _txt,
+    as_text,
+    code_cell,
+    column_cell,
+    figure_block,
     fmt_ci,
     fmt_num,
     fmt_pct,
     fmt_x,
+    is_na,
+    ordered_rows,
+    table_block,
 )
 from characterize.report.layout import (
     S_MODEL,
@@ -70,11 +70,11 @@ def _predicted_headline(d: pd.DataFrame, gpu: str, claims: dict[str, str]) -> Ta
     table = d.pivot_table(index="variant", columns="dataset", values="speedup_vs_base", aggfunc="mean")
     datasets = order_datasets(table.columns)
     rows = []
-    for v in _order(pd.DataFrame({"variant": table.index}))["variant"]:
+    for v in ordered_rows(pd.DataFrame({"variant": table.index}))["variant"]:
         vals = [table.loc[v, ds] for ds in datasets]
-        best = max((x for x in vals if not _isnan(x)), default=np.nan)
+        best = max((x for x in vals if not is_na(x)), default=np.nan)
         rows.append([Cell(v, "code")] + [Cell(fmt_x(x), "num") for x in vals] +
-                    [Cell("–" if _isnan(best) else f"{100 * (best - 1):+.0f}%", "num")] +
+                    [Cell("–" if is_na(best) else f"{100 * (best - 1):+.0f}%", "num")] +
                     ([Cell(claims.get(v, ""), "claim")] if claims else []))
     return TableBlock(["variant"] + datasets + ["best over base"] + (["paper (A100, embedding stage)"] if claims
                                                                       else []), rows,
@@ -98,19 +98,19 @@ def _p_e2e(s: RunSource) -> PanelOutput:
             src = "measured" if (d["source"] == "measured").any() else "predicted"
             d = d[d["source"] == src]
             fig = e2e_stage_figure(d, stages, f"DLRM {phase} step per variant, {ds}, {gpu} ({src})")
-            figs.append(_figure_block(fig, f"{phase.capitalize()} step ({gpu})",
-                                      f"time per batch split by stage ({src}; {ds}); a stage includes the idle "
-                                      "time before its kernels", stamp=PREDICTION_STAMP if src == "predicted"
-                                      else None))
+            figs.append(figure_block(fig, f"{phase.capitalize()} step ({gpu})",
+                                     f"time per batch split by stage ({src}; {ds}); a stage includes the idle "
+                                     "time before its kernels", stamp=PREDICTION_STAMP if src == "predicted"
+                                     else None))
         if figs:   # the run's own GPU (or the first) open, another behind a disclosure
             blocks += figs if i == 0 else [DetailsBlock(f"The DLRM step on {gpu}", figs)]
     tot = e[(e["stage"] == "total") & (e["dataset"] == ds)]
     rows = []
-    for r in _order(tot).to_dict("records"):
+    for r in ordered_rows(tot).to_dict("records"):
         rows.append([Cell(r["variant"], "code"), Cell(str(r["gpu"])), Cell(r["phase"]), Cell(r["source"]),
                      Cell(fmt_num(r["time_us"]), "num"),
                      Cell(f"{fmt_num(r.get('time_us_low'))}–{fmt_num(r.get('time_us_high'))}", "num"),
-                     Cell(fmt_pct(100 * r["embedding_share"]) if not _isnan(r.get("embedding_share")) else "–", "num"),
+                     Cell(fmt_pct(100 * r["embedding_share"]) if not is_na(r.get("embedding_share")) else "–", "num"),
                      Cell(fmt_x(r.get("speedup_e2e")), "num"), Cell(fmt_x(r.get("speedup_embedding")), "num")])
     paper = (f"; the paper (A100): up to {PAPER_CLAIMS['end_to_end'].ratio:.2f}x end to end, "
              f"{PAPER_CLAIMS['combined'].ratio:.2f}x for the embedding stage") if is_paper(s) else ""
@@ -119,9 +119,12 @@ def _p_e2e(s: RunSource) -> PanelOutput:
          "speedup embedding only"], rows, caption=f"{ds}{paper}")], open=len(rows) <= 12))
     errors = stage_gmae(e)
     if not errors.empty:
-        blocks.append(_table(errors, [("phase", _col("phase", _txt, "")), ("stage", _col("stage", _txt, "")),
-                                      ("points", _col("points")), ("GMAE", _col("gmae", lambda x: fmt_pct(100 * x)))],
-                             caption="the model against the measured step, per stage (geometric-mean absolute error)"))
+        blocks.append(table_block(errors, [("phase", column_cell("phase", as_text, "")),
+                                           ("stage", column_cell("stage", as_text, "")),
+                                           ("points", column_cell("points")),
+                                           ("GMAE", column_cell("gmae", lambda x: fmt_pct(100 * x)))],
+                                  caption="the model against the measured step, per stage "
+                                          "(geometric-mean absolute error)"))
     return PanelOutput(blocks)
 
 
@@ -136,32 +139,35 @@ def _p_predictions(s: RunSource) -> PanelOutput:
     claims = _claims(s)
     # with nothing measured the headline already draws these; beside measurements they are the model's view
     for gpu in (prediction_gpus(s, p)[:2] if not s.bench_ok.empty else []):
-        d = predicted_speedups(_order(p[p["gpu"].astype(str) == gpu] if gpu else p))
+        d = predicted_speedups(ordered_rows(p[p["gpu"].astype(str) == gpu] if gpu else p))
         if d["speedup"].notna().any():
             fig = prediction_figure(d, gpu, f"Predicted speedup over base{', ' + gpu if gpu else ''}")
-            blocks.append(_figure_block(fig,
-                                        f"Predicted speedup ({gpu})", f"{PROVENANCE['model'].label} (PREDICTION), "
-                                        "steady mode (L2 warm); error bars: the model's band", stamp=PREDICTION_STAMP))
+            blocks.append(figure_block(fig,
+                                       f"Predicted speedup ({gpu})", f"{PROVENANCE['model'].label} (PREDICTION), "
+                                       "steady mode (L2 warm); error bars: the model's band", stamp=PREDICTION_STAMP))
             blocks.append(_predicted_headline(d, gpu, claims))
     spec = list(POINT_COLS)
-    for col, head, f in (("gpu", "GPU", _txt), ("arch", "arch", _txt), ("time_us", "predicted time (µs)", fmt_num),
+    for col, head, f in (("gpu", "GPU", as_text), ("arch", "arch", as_text),
+                         ("time_us", "predicted time (µs)", fmt_num),
                          ("time_us_low", "band low (µs)", fmt_num), ("time_us_high", "band high (µs)", fmt_num),
                          ("speedup_vs_base", "predicted vs base", fmt_x),
                          ("l2_hit_rate_pct", "predicted L2 hit", fmt_pct),
                          ("dram_bytes", "predicted DRAM bytes", format_bytes),
                          ("l2_bytes", "predicted L2 bytes", format_bytes),
-                         ("bound", "bound by", _txt), ("constants", "constants", _txt), ("note", "note", _txt)):
+                         ("bound", "bound by", as_text), ("constants", "constants", as_text),
+                         ("note", "note", as_text)):
         if col in p.columns:
-            spec.append((head, _col(col, f, "num" if f is not _txt else "")))
-    blocks.append(DetailsBlock(f"Prediction table ({len(p)} rows)", [_table(_order(p), spec,
-                                                                            caption="PREDICTED by the model; the band "
-                                                                            "spans the latency and bandwidth constants "
-                                                                            "over their published ranges")]))
+            spec.append((head, column_cell(col, f, "num" if f is not as_text else "")))
+    blocks.append(DetailsBlock(f"Prediction table ({len(p)} rows)", [table_block(
+        ordered_rows(p), spec, caption="PREDICTED by the model; the band spans the latency and bandwidth constants "
+                                       "over their published ranges")]))
     v = s.run.model_validation
     if not v.empty and claims:
-        vspec = [(c, _col(c, _txt)) for c in ("claim", "paper", "model", "agrees", "gpu", "constants") if c in v.columns]
-        blocks.append(_table(v, vspec, caption="The model against the MICRO 2024 paper's A100 claims (paper "
-                                               "configuration on sm_80; model PREDICTIONS vs published measurements)"))
+        vspec = [(c, column_cell(c, as_text)) for c in ("claim", "paper", "model", "agrees", "gpu", "constants")
+                 if c in v.columns]
+        blocks.append(table_block(v, vspec, caption="The model against the MICRO 2024 paper's A100 claims (paper "
+                                                    "configuration on sm_80; model PREDICTIONS vs published "
+                                                    "measurements)"))
     return PanelOutput(blocks)
 
 
@@ -184,16 +190,16 @@ def _p_why(s: RunSource) -> PanelOutput:
                                    "that do not limit it.", "prediction")]
     for i, gpu in enumerate(prediction_gpus(s, p)[:2]):   # one dataset drawn; every one in the table below
         g = p[p["gpu"].astype(str) == gpu] if gpu else p
-        fig = _figure_block(why_figure(g[g["dataset"] == first], f"Why: the model's terms, {first}, {gpu}"),
-                            f"Why ({first}, {gpu})", f"{PROVENANCE['model'].label} (PREDICTION), steady mode",
-                            stamp=PREDICTION_STAMP)
+        fig = figure_block(why_figure(g[g["dataset"] == first], f"Why: the model's terms, {first}, {gpu}"),
+                           f"Why ({first}, {gpu})", f"{PROVENANCE['model'].label} (PREDICTION), steady mode",
+                           stamp=PREDICTION_STAMP)
         blocks.append(fig if i == 0 else DetailsBlock(f"The same on {gpu}", [fig]))
-    spec = [*POINT_COLS, ("GPU", _code("gpu")), ("bound", _col("bound", _txt, ""))] + \
-        [(c.removesuffix("_us") + " (µs)", _col(c)) for c in terms] + \
-        [(f"{lv} hit", _col(f"{lv.lower()}_hit_rate_pct", fmt_pct)) for lv in ("L1", "L2")
+    spec = [*POINT_COLS, ("GPU", code_cell("gpu")), ("bound", column_cell("bound", as_text, ""))] + \
+        [(c.removesuffix("_us") + " (µs)", column_cell(c)) for c in terms] + \
+        [(f"{lv} hit", column_cell(f"{lv.lower()}_hit_rate_pct", fmt_pct)) for lv in ("L1", "L2")
          if f"{lv.lower()}_hit_rate_pct" in p.columns]
-    blocks.append(DetailsBlock(f"The terms as numbers, every dataset ({len(p)} rows)", [_table(
-        _order(p), spec, caption="PREDICTED, per table launch")]))
+    blocks.append(DetailsBlock(f"The terms as numbers, every dataset ({len(p)} rows)", [table_block(
+        ordered_rows(p), spec, caption="PREDICTED, per table launch")]))
     return PanelOutput(blocks)
 
 
@@ -218,18 +224,18 @@ def _p_predicted_vs_measured(s: RunSource) -> PanelOutput:
         m = meas.merge(pm[["variant", "dataset", "time_us"]], on=["variant", "dataset"], how="inner")
         if m.empty:
             continue
-        m = _order(m.rename(columns={"latency_us": "measured_us", "time_us": "predicted_us"}))
+        m = ordered_rows(m.rename(columns={"latency_us": "measured_us", "time_us": "predicted_us"}))
         m["error_pct"] = 100 * (m["predicted_us"] - m["measured_us"]) / m["measured_us"]
-        blocks.append(_figure_block(predicted_vs_measured_figure(m, f"Predicted vs measured time, {mode}"),
-                                    f"Predicted vs measured ({mode})",
-                                    f"x: {PROVENANCE[s.timing_provenance].label} ({s.timing_mode(mode)}); "
-                                    f"y: {PROVENANCE['model'].label} (PREDICTION)", stamp=PREDICTION_STAMP))
+        blocks.append(figure_block(predicted_vs_measured_figure(m, f"Predicted vs measured time, {mode}"),
+                                   f"Predicted vs measured ({mode})",
+                                   f"x: {PROVENANCE[s.timing_provenance].label} ({s.timing_mode(mode)}); "
+                                   f"y: {PROVENANCE['model'].label} (PREDICTION)", stamp=PREDICTION_STAMP))
         gm = 100 * gmae(m["predicted_us"], m["measured_us"])
         spec = [*POINT_COLS,
                 ("measured (µs)", lambda r: Cell(fmt_ci(r["measured_us"], r["latency_ci95_us"]), "num")),
-                ("predicted (µs)", _col("predicted_us")), ("error", _col("error_pct", fmt_pct))]
-        blocks.append(_table(m, spec, caption=f"{mode}: prediction against measurement",
-                             note=f"geometric mean of |relative error| (GMAE, model.gmae): {gm:.1f}%"))
+                ("predicted (µs)", column_cell("predicted_us")), ("error", column_cell("error_pct", fmt_pct))]
+        blocks.append(table_block(m, spec, caption=f"{mode}: prediction against measurement",
+                                  note=f"geometric mean of |relative error| (GMAE, model.gmae): {gm:.1f}%"))
     k = s.lookup
     if not k.empty and "l2_hit_rate_pct" in p.columns and "l2_hit_rate_pct" in k.columns:
         kk = k[k.get("cache_control", pd.Series("", index=k.index)).astype(str) == "none"]
@@ -241,12 +247,12 @@ def _p_predicted_vs_measured(s: RunSource) -> PanelOutput:
             if not m.empty:
                 spec = [("variant", lambda r: Cell(str(r["variant"]), "code")),
                         ("dataset", lambda r: Cell(str(r["dataset"]), "code")),
-                        ("measured L2 hit (ncu)", _col("l2_hit_rate_pct_measured", fmt_pct)),
-                        ("predicted L2 hit (model)", _col("l2_hit_rate_pct_predicted", fmt_pct))]
+                        ("measured L2 hit (ncu)", column_cell("l2_hit_rate_pct_measured", fmt_pct)),
+                        ("predicted L2 hit (model)", column_cell("l2_hit_rate_pct_predicted", fmt_pct))]
                 gm = 100 * gmae(m["l2_hit_rate_pct_predicted"], m["l2_hit_rate_pct_measured"])
-                blocks.append(_table(_order(m), spec, caption="L2 hit rate: Nsight Compute with "
-                                     "--cache-control none against the model's PREDICTION",
-                                     note=f"geometric mean of |relative error| (GMAE): {gm:.1f}%"))
+                blocks.append(table_block(ordered_rows(m), spec, caption="L2 hit rate: Nsight Compute with "
+                                          "--cache-control none against the model's PREDICTION",
+                                          note=f"geometric mean of |relative error| (GMAE): {gm:.1f}%"))
     if not blocks:
         raise Missing("no (variant, dataset) point has both a prediction and a measurement")
     return PanelOutput(blocks)
@@ -268,14 +274,16 @@ def _p_trust(s: RunSource) -> PanelOutput:
         "measured times fall inside its band; the bands of this report's predictions carry that error. The "
         "measurements, their sources and what they do not say: docs/measurements.md; `characterize validate` "
         "reproduces these figures.", "prediction")]
-    blocks.append(_figure_block(trust_figure(rows, "Public measurements against the model (held out)"),
-                                "How far to trust the model", "x: measured by other projects (pull requests, "
-                                "benchmark result files; docs/measurements.md); y: the model, its constants fitted "
-                                "on the other sources (PREDICTION), with its band", stamp=PREDICTION_STAMP))
-    spec = [("source", _code("source")), ("rows", _col("n", fmt_num)), ("GPUs", lambda r: Cell(str(r["gpus"]))),
-            ("GMAE", _col("gmae", lambda v: fmt_pct(100 * v))), ("MAPE", _col("mape", lambda v: fmt_pct(100 * v))),
-            ("inside the band", _col("inside_band", lambda v: fmt_pct(100 * v)))]
-    blocks.append(_table(summary, spec, caption="leave-one-source-out cross-validation, per source"))
+    blocks.append(figure_block(trust_figure(rows, "Public measurements against the model (held out)"),
+                               "How far to trust the model", "x: measured by other projects (pull requests, "
+                               "benchmark result files; docs/measurements.md); y: the model, its constants fitted "
+                               "on the other sources (PREDICTION), with its band", stamp=PREDICTION_STAMP))
+    spec = [("source", code_cell("source")), ("rows", column_cell("n", fmt_num)),
+            ("GPUs", lambda r: Cell(str(r["gpus"]))),
+            ("GMAE", column_cell("gmae", lambda v: fmt_pct(100 * v))),
+            ("MAPE", column_cell("mape", lambda v: fmt_pct(100 * v))),
+            ("inside the band", column_cell("inside_band", lambda v: fmt_pct(100 * v)))]
+    blocks.append(table_block(summary, spec, caption="leave-one-source-out cross-validation, per source"))
     return PanelOutput(blocks)
 
 
@@ -289,13 +297,13 @@ def _p_precision(s: RunSource) -> PanelOutput:
                                    "datasets).", "prediction")]
     for gpu in prediction_gpus(s, grid)[:2]:
         g = grid[grid["gpu"] == gpu]
-        blocks.append(_figure_block(precision_grid_figure(g, f"Predicted speedup over fp32 base, {gpu}"),
-                                    f"Precision x variant ({gpu})", f"{PROVENANCE['model'].label} (PREDICTION), "
-                                    "steady mode", stamp=PREDICTION_STAMP))
-    spec = [("GPU", _code("gpu")), ("dtype", _code("dtype")), ("variant", _code("variant")),
-            ("predicted speedup over fp32 base", _col("speedup_vs_fp32_base", fmt_x)),
-            ("datasets", _col("datasets", fmt_num))]
-    blocks.append(DetailsBlock(f"Precision grid ({len(grid)} rows)", [_table(grid, spec, caption="PREDICTED")]))
+        blocks.append(figure_block(precision_grid_figure(g, f"Predicted speedup over fp32 base, {gpu}"),
+                                   f"Precision x variant ({gpu})", f"{PROVENANCE['model'].label} (PREDICTION), "
+                                   "steady mode", stamp=PREDICTION_STAMP))
+    spec = [("GPU", code_cell("gpu")), ("dtype", code_cell("dtype")), ("variant", code_cell("variant")),
+            ("predicted speedup over fp32 base", column_cell("speedup_vs_fp32_base", fmt_x)),
+            ("datasets", column_cell("datasets", fmt_num))]
+    blocks.append(DetailsBlock(f"Precision grid ({len(grid)} rows)", [table_block(grid, spec, caption="PREDICTED")]))
     return PanelOutput(blocks)
 
 

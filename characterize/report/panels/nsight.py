@@ -32,32 +32,32 @@ from characterize.report.blocks import (
     NoteBlock,
     PanelOutput,
     TableBlock,
-    _col,
-    _figure_block,
-    _isnan,
-    _order,
-    _rule_name,
-    _table,
-    _txt,
+    as_text,
     clamped_any,
+    column_cell,
+    figure_block,
     fmt_num,
     fmt_pct,
+    is_na,
     kernel_table,
+    ordered_rows,
     rank_rules,
+    rule_label,
     rule_matrix,
     rule_texts,
     rules_beside,
     share_cell,
+    table_block,
 )
 from characterize.report.layout import (
-    _PROFILE_HINT,
+    PROFILE_HINT,
     S_MEM,
     S_NCU,
     S_RULES,
     S_SOL,
     S_STALLS,
     Panel,
-    _points_missing,
+    points_missing,
 )
 from characterize.report.plots import (
     bandwidth_roofline_figure,
@@ -170,13 +170,13 @@ def _kernel_rules(s: Any) -> tuple[pd.DataFrame, list[Any], dict[Any, str], bool
         return pd.DataFrame(), [], {}, False
     names = dict(zip(s.kview["kernel_id"], s.kview["label"]))
     shares = dict(zip(s.kview["kernel_id"], s.kview["time_share_pct"]))
-    weighted = any(not _isnan(v) for v in shares.values())
+    weighted = any(not is_na(v) for v in shares.values())
     ranked = rank_rules(r, "kernel_id", shares if weighted else None)
     return _mark_ranked(ranked, r, "kernel_id"), list(s.kview["kernel_id"]), names, weighted
 
 
 KERNELS = Grain("kernel", "kernel(s)",
-                (("kernel", lambda r: Cell(_txt(r.get("label")), "kname", detail=_txt(r.get("kernel_name")))),),
+                (("kernel", lambda r: Cell(as_text(r.get("label")), "kname", detail=as_text(r.get("kernel_name")))),),
                 _kernel_groups, _kernel_rules, lambda s: getattr(s, "recorded_modes", None) or NOT_RECORDED,
                 summary_figures=False, scope="per launch")
 
@@ -196,7 +196,7 @@ def _point_groups(s: Any) -> list[Group]:
                 k[c] = ""
             k[c] = k[c].fillna("").astype(str)
         cached = s.__dict__["_ncu_groups"] = [
-            Group(s.ncu_mode(cache or None, clock or None), cache, _order(ncu.per_point(g)))
+            Group(s.ncu_mode(cache or None, clock or None), cache, ordered_rows(ncu.per_point(g)))
             for (cache, clock), g in k.groupby(["cache_control", "clock_control"], sort=True)]
     return cached
 
@@ -220,7 +220,7 @@ def _point_rules(s: Any) -> tuple[pd.DataFrame, list[Any], dict[Any, str], bool]
     r = _own_kernels(_capped_rules(s), s.kview)
     if r.empty:
         return pd.DataFrame(), [], {}, False
-    points = list(dict.fromkeys(_order(r[["variant", "dataset", "point"]].drop_duplicates())["point"]))
+    points = list(dict.fromkeys(ordered_rows(r[["variant", "dataset", "point"]].drop_duplicates())["point"]))
     return _mark_ranked(rank_rules(r, "point"), r, "point"), points, {p: p for p in points}, False
 
 
@@ -230,13 +230,13 @@ def _caps(r: pd.DataFrame, column: str) -> dict[tuple[str, str, Any], tuple[floa
     where a cap lowered what the matrix shows."""
     if r.empty or "capped" not in r.columns or not r["capped"].any():
         return {}
-    f = r.assign(_finding=[_rule_name(x) for x in r.to_dict("records")])
+    f = r.assign(_finding=[rule_label(x) for x in r.to_dict("records")])
     out = {}
     for (section, finding, col), g in f.groupby(["section", "_finding", column], sort=False):
         if not g["capped"].any():
             continue
         raw, shown = g["ncu_speedup"].max(), g["estimated_speedup"].max()
-        if not _isnan(raw) and raw > shown + 0.5:
+        if not is_na(raw) and raw > shown + 0.5:
             out[(section, finding, col)] = (float(raw), float(shown), str(g.loc[g["capped"], "cap_why"].iloc[0]))
     return out
 
@@ -259,7 +259,7 @@ def _mark_ranked(ranked: pd.DataFrame, r: pd.DataFrame, column: str) -> pd.DataF
     types = []
     for x in ranked.to_dict("records"):
         best = x["best_speedup_pct"]
-        hit = [raw for c, (raw, shown, _) in x["caps"].items() if not _isnan(best) and abs(shown - best) < 0.5]
+        hit = [raw for c, (raw, shown, _) in x["caps"].items() if not is_na(best) and abs(shown - best) < 0.5]
         t = x["speedup_type"] or "?"
         types.append(f"{t}, capped from {max(hit):.0f}%" if hit else x["speedup_type"])
     ranked["speedup_type"] = types
@@ -319,7 +319,7 @@ def _count_cols(g: Grain) -> list[tuple[str, Callable[[dict], Cell]]]:
     """A point is a mean over launches, each covering some tables; a kernel has its share of
     the report's time."""
     if g.name == "point":
-        return [("launches", _col("kernels")), ("tables / launch", _col("tables_per_launch"))]
+        return [("launches", column_cell("kernels")), ("tables / launch", column_cell("tables_per_launch"))]
     return [("share of time", lambda r: share_cell(r.get("time_share_pct")))]
 
 
@@ -337,26 +337,29 @@ def sol(s: Any, g: Grain) -> PanelOutput:
         if k.empty:
             blocks.append(NoteBlock(f"No speed-of-light metrics ({grp.modes})."))
             continue
-        blocks.append(_figure_block(sol_figure(k, f"Speed of light per {g.name} (% of peak sustained)"),
-                                    "Speed of light", f"bars: throughput as % of each unit's peak"
-                                    f"{', mean launch per point' if g.name == 'point' else ''}; below "
-                                    f"{ncu.BOUND_PCT:.0f}% (dashed) a unit does not limit the kernel"))
+        blocks.append(figure_block(sol_figure(k, f"Speed of light per {g.name} (% of peak sustained)"),
+                                   "Speed of light", f"bars: throughput as % of each unit's peak"
+                                   f"{', mean launch per point' if g.name == 'point' else ''}; below "
+                                   f"{ncu.BOUND_PCT:.0f}% (dashed) a unit does not limit the kernel"))
         bw, _ = ncu.bandwidth(k)
         dram = dict(zip(bw.loc[bw["level"] == "DRAM", "kid"], bw.loc[bw["level"] == "DRAM", "bytes_per_s"])) \
             if not bw.empty else {}
         spec = [*g.lead, *_count_cols(g), _duration(g),
-                ("SM", _col("sm_throughput_pct", fmt_pct)), ("memory", _col("memory_throughput_pct", fmt_pct)),
-                ("L1/TEX", _col("l1_throughput_pct", fmt_pct)), ("L2", _col("l2_throughput_pct", fmt_pct)),
-                ("DRAM", _col("dram_throughput_pct", fmt_pct)),
+                ("SM", column_cell("sm_throughput_pct", fmt_pct)),
+                ("memory", column_cell("memory_throughput_pct", fmt_pct)),
+                ("L1/TEX", column_cell("l1_throughput_pct", fmt_pct)),
+                ("L2", column_cell("l2_throughput_pct", fmt_pct)),
+                ("DRAM", column_cell("dram_throughput_pct", fmt_pct)),
                 ("DRAM bandwidth", lambda r: Cell(format_rate(dram.get(r.get("kid"))), "num")),
-                ("bound", lambda r: Cell(_txt(r.get("bound")), "", title=_txt(r.get("bound_why"))))]
-        blocks.append(_table(k, spec, caption=_titled(g, grp, groups, f"Throughput as % of peak sustained per {g.name}"),
-                             note=f"bound: both SM and memory below {ncu.BOUND_PCT:.0f}% of peak -> latency-bound "
-                                  "(warps wait: see the stalls); otherwise the busier of the two, memory naming its "
-                                  "busiest unit (ncu's SOLBottleneck rule); hover a bound for why. Durations under "
-                                  f"the profiler are not latencies; they are {g.scope}, the % of peak and the DRAM "
-                                  "bandwidth (bytes read + written per second, dram__bytes.sum.per_second) are the "
-                                  "launch's. " + BYTES_NOTE))
+                ("bound", lambda r: Cell(as_text(r.get("bound")), "", title=as_text(r.get("bound_why"))))]
+        blocks.append(table_block(
+            k, spec, caption=_titled(g, grp, groups, f"Throughput as % of peak sustained per {g.name}"),
+            note=f"bound: both SM and memory below {ncu.BOUND_PCT:.0f}% of peak -> latency-bound "
+                 "(warps wait: see the stalls); otherwise the busier of the two, memory naming its "
+                 "busiest unit (ncu's SOLBottleneck rule); hover a bound for why. Durations under "
+                 f"the profiler are not latencies; they are {g.scope}, the % of peak and the DRAM "
+                 "bandwidth (bytes read + written per second, dram__bytes.sum.per_second) are the "
+                 "launch's. " + BYTES_NOTE))
         blocks += _batched_note(k, g)
         lacking = ncu.missing_metrics(k, ncu.SOL_COLUMNS)
         if lacking:
@@ -377,8 +380,8 @@ def _bandwidth_blocks(g: Grain, grp: Group, groups: list[Group], device: Any) ->
                   f"{copy['source'].iloc[0]}" if len(copy) else "") +
                "). An L1 or L2 hit's bytes never cross the DRAM interface, so each level is read against its own "
                "roof, never the DRAM one. " + BYTES_NOTE)
-    blocks: list[Any] = [_figure_block(bandwidth_roofline_figure(pts, roofs, f"Bandwidth roofline per {g.name}"),
-                                       "Bandwidth roofline", caption)]
+    blocks: list[Any] = [figure_block(bandwidth_roofline_figure(pts, roofs, f"Bandwidth roofline per {g.name}"),
+                                      "Bandwidth roofline", caption)]
     wide = pts.pivot_table(index="kid", columns="level", values=["bytes_per_s", "pct_of_peak"], aggfunc="first")
     rows = []
     for r in grp.frame.to_dict("records"):
@@ -393,18 +396,19 @@ def _bandwidth_blocks(g: Grain, grp: Group, groups: list[Group], device: Any) ->
     for lv in ncu.LEVELS.values():
         if (pts["level"] == lv).any():
             spec += [(f"{lv} bytes/s", (lambda lv: lambda r: Cell(format_rate(r.get(f"{lv}_bytes_per_s")), "num"))(lv)),
-                     (f"{lv} % of its peak", _col(f"{lv}_pct_of_peak", fmt_pct))]
+                     (f"{lv} % of its peak", column_cell(f"{lv}_pct_of_peak", fmt_pct))]
     if len(copy) and (pts["level"] == "DRAM").any():
         cp = float(copy["peak"].iloc[0])
         spec.append(("DRAM % of copy ceiling", lambda r: Cell(fmt_pct(100 * r["DRAM_bytes_per_s"] / cp)
-                                                              if not _isnan(r.get("DRAM_bytes_per_s")) else "–",
+                                                              if not is_na(r.get("DRAM_bytes_per_s")) else "–",
                                                               "num")))
-    blocks.append(_table(rows, spec, caption=_titled(g, grp, groups, f"Bandwidth per memory level per {g.name}"),
-                         note="DRAM: dram__bytes.sum.per_second (read + written); L2: lts__t_bytes.sum / duration "
-                              "(every L2 request: L1 misses, writes, DRAM fills); L1: the L1/TEX sectors of global "
-                              "and local loads and stores x 32 B / duration. Peaks: ncu's peak bytes per cycle x "
-                              "the level's clock, or, where the report lacks them, the achieved rate / ncu's own "
-                              "% of peak for those bytes (gpu__dram_throughput, lts__t_sectors)."))
+    blocks.append(table_block(
+        rows, spec, caption=_titled(g, grp, groups, f"Bandwidth per memory level per {g.name}"),
+        note="DRAM: dram__bytes.sum.per_second (read + written); L2: lts__t_bytes.sum / duration "
+             "(every L2 request: L1 misses, writes, DRAM fills); L1: the L1/TEX sectors of global "
+             "and local loads and stores x 32 B / duration. Peaks: ncu's peak bytes per cycle x "
+             "the level's clock, or, where the report lacks them, the achieved rate / ncu's own "
+             "% of peak for those bytes (gpu__dram_throughput, lts__t_sectors)."))
     missing = [lv for lv in ncu.LEVELS.values() if not (pts["level"] == lv).any()]
     no_peak = [lv for lv in ncu.LEVELS.values() if lv in set(pts.loc[pts["peak_bytes_per_s"].isna(), "level"])]
     if missing or no_peak:
@@ -449,18 +453,19 @@ def _fp_roofline_blocks(g: Grain, grp: Group, groups: list[Group]) -> list[Any]:
     pts, roofs = ncu.roofline(grp.frame)
     if pts.empty:
         return []
-    blocks: list[Any] = [_figure_block(roofline_figure(pts, roofs, f"FP roofline per {g.name}"), "FP roofline",
-                                       "ceilings from ncu's own peak counters at the clocks the kernels ran at; "
-                                       "FLOP/s = (add + mul + 2 fma) thread instructions per cycle x SM clock")]
+    blocks: list[Any] = [figure_block(roofline_figure(pts, roofs, f"FP roofline per {g.name}"), "FP roofline",
+                                      "ceilings from ncu's own peak counters at the clocks the kernels ran at; "
+                                      "FLOP/s = (add + mul + 2 fma) thread instructions per cycle x SM clock")]
     levels = [lv for lv in ("dram", "l2", "l1") if f"{lv}_intensity_flop_per_byte" in pts.columns]
-    spec = [(g.name, lambda r: Cell(_txt(r["label"]), "kname")), ("precision", _col("precision", _txt, "")),
-            ("achieved GFLOP/s", _col("flop_per_s", lambda v: fmt_num(v / 1e9))),
+    spec = [(g.name, lambda r: Cell(as_text(r["label"]), "kname")),
+            ("precision", column_cell("precision", as_text, "")),
+            ("achieved GFLOP/s", column_cell("flop_per_s", lambda v: fmt_num(v / 1e9))),
             ("% of peak", lambda r: Cell(fmt_pct(100 * r["flop_per_s"] / r["peak_flop_per_s"])
-                                         if not _isnan(r.get("peak_flop_per_s")) else "–", "num"))]
+                                         if not is_na(r.get("peak_flop_per_s")) else "–", "num"))]
     for lv in levels:
-        spec += [(f"{lv.upper()} intensity (FLOP/B)", _col(f"{lv}_intensity_flop_per_byte")),
-                 (f"{lv.upper()} bandwidth", _col(f"{lv}_bytes_per_s", format_rate))]
-    blocks.append(_table(pts, spec, caption=_titled(g, grp, groups, "Achieved work and arithmetic intensity")))
+        spec += [(f"{lv.upper()} intensity (FLOP/B)", column_cell(f"{lv}_intensity_flop_per_byte")),
+                 (f"{lv.upper()} bandwidth", column_cell(f"{lv}_bytes_per_s", format_rate))]
+    blocks.append(table_block(pts, spec, caption=_titled(g, grp, groups, "Achieved work and arithmetic intensity")))
     missing = [lv.upper() for lv in ("l1", "l2") if f"{lv}_intensity_flop_per_byte" not in pts.columns]
     if missing:
         blocks.append(NoteBlock(f"Only the DRAM level is drawn: the report lacks the hierarchical roofline "
@@ -486,7 +491,7 @@ def memory(s: Any, g: Grain) -> PanelOutput:
                                     "before each kernel."))
         top = ncu.slowest(k, CHARTS).to_dict("records")
         mean = " (per table, mean launch)" if g.name == "point" else ""
-        charts = [_figure_block(memory_chart_figure(r, f"Memory chart: {r['label']}{mean}" + (
+        charts = [figure_block(memory_chart_figure(r, f"Memory chart: {r['label']}{mean}" + (
             f" ({fmt_pct(r.get('time_share_pct'))} of the time)" if g.name == "kernel" else "")),
             f"Memory chart of {r['label']}", f"requests, sectors (32 B) and bytes between the units {g.scope}, "
             "reads above, writes below; hit rates in the caches. " + BYTES_NOTE) for r in top]
@@ -498,20 +503,20 @@ def memory(s: Any, g: Grain) -> PanelOutput:
         if g.summary_figures:
             rates = ["l1_hit_rate_pct", "l2_hit_rate_pct"]
             if set(rates) <= set(k.columns) and k[rates].notna().any().any():
-                blocks.append(_figure_block(hit_rate_figure(k, "L1 and L2 hit rates (lookup kernels)"), "Hit rates",
-                                            "sector hit rates, mean launch per point"))
+                blocks.append(figure_block(hit_rate_figure(k, "L1 and L2 hit rates (lookup kernels)"), "Hit rates",
+                                           "sector hit rates, mean launch per point"))
             if {"dram_bytes_read", "dram_bytes_write"} <= set(k.columns) and \
                     k[["dram_bytes_read", "dram_bytes_write"]].notna().any().any():
-                blocks.append(_figure_block(dram_figure(k, f"DRAM bytes read and written {g.scope} (lookup kernels)",
-                                                        g.scope),
-                                            "DRAM bytes", f"{g.scope}: a batched launch's bytes divided by its "
-                                            "tables; mean over the profiled launches. " + BYTES_NOTE))
+                blocks.append(figure_block(dram_figure(k, f"DRAM bytes read and written {g.scope} (lookup kernels)",
+                                                       g.scope),
+                                           "DRAM bytes", f"{g.scope}: a batched launch's bytes divided by its "
+                                           "tables; mean over the profiled launches. " + BYTES_NOTE))
         spec = [*g.lead, *_count_cols(g)] + _scoped_spec(g) + [_duration(g)]
-        blocks.append(_table(ncu.slowest(k, len(k)), spec,
-                             caption=_titled(g, grp, groups, f"Memory workload per {g.name}, longest first"),
-                             note=(CLAMP_NOTE if clamped_any(k) else
-                                   "'no traffic': no sector went through that cache (not a 0% hit rate).") + " " +
-                             BYTES_NOTE))
+        blocks.append(table_block(ncu.slowest(k, len(k)), spec,
+                                  caption=_titled(g, grp, groups, f"Memory workload per {g.name}, longest first"),
+                                  note=(CLAMP_NOTE if clamped_any(k) else
+                                        "'no traffic': no sector went through that cache (not a 0% hit rate).") + " " +
+                                  BYTES_NOTE))
         blocks += _batched_note(k, g)
         lacking = ncu.missing_metrics(k, ncu.MEMORY_COLUMNS)
         if lacking:
@@ -532,7 +537,7 @@ def _stall_blocks(k: pd.DataFrame, g: Grain) -> list[Any]:
     weight = str(long["weight"].iloc[0])
     rows = "points" if g.name == "point" else "kernels"
     title = f"Warp stalls {g.scope}, weighted by {weight}" if weight != "none" else "Warp stalls, unweighted"
-    blocks: list[Any] = [_figure_block(
+    blocks: list[Any] = [figure_block(
         weighted_stall_figure(long, reasons, f"{title}, one row per {g.name}", rows), "Warp stalls",
         f"left: {ncu.WEIGHT_TEXT[weight]}, {g.scope}, as a share of all {rows}' stall cycles; right: each "
         f"{g.name}'s own mix. Reasons picked by their weighted total, so a long {g.name}'s stalls are never hidden "
@@ -544,15 +549,16 @@ def _stall_blocks(k: pd.DataFrame, g: Grain) -> list[Any]:
                     time_share_pct=[info.loc[i, "time_share_pct"] if i in info.index and "time_share_pct" in
                                     info.columns else np.nan for i in tops["kid"]])
     d = d.sort_values("stall_cycles", ascending=False, kind="stable")
-    spec = [(g.name, lambda r: Cell(_txt(r["label"]), "kname"))]
+    spec = [(g.name, lambda r: Cell(as_text(r["label"]), "kname"))]
     spec += [_duration(g)] if g.name == "point" else [("share of time", lambda r: share_cell(r.get("time_share_pct")))]
     spec += [(f"share of all stall cycles, weighted by {weight}" if weight != "none" else "share of all stall cycles",
               lambda r: share_cell(r.get("total_share_pct"))),
              ("top stalls (cycles per issued instruction, share of its stalls)",
               lambda r: Cell(stall_text(r["top_stalls"]), ""))]
-    blocks.append(_table(d, spec, caption=f"Each {g.name}'s stalls, by its share of all stall cycles {g.scope}",
-                         note=f"weight: {ncu.WEIGHT_TEXT[weight]}, {g.scope}; a {g.name}'s top reasons are its own "
-                              "largest"))
+    blocks.append(table_block(
+        d, spec, caption=f"Each {g.name}'s stalls, by its share of all stall cycles {g.scope}",
+        note=f"weight: {ncu.WEIGHT_TEXT[weight]}, {g.scope}; a {g.name}'s top reasons are its own "
+             "largest"))
     return blocks
 
 
@@ -575,19 +581,19 @@ def occupancy(s: Any, g: Grain) -> PanelOutput:
         if k[["achieved_occupancy_pct", "theoretical_occupancy_pct"]].isna().all().all():
             blocks.append(NoteBlock(f"No occupancy metrics ({grp.modes}): the Occupancy section was not collected."))
             continue
-        blocks.append(_figure_block(kernel_occupancy_figure(k, f"Occupancy per {g.name}"), "Occupancy",
-                                    "achieved (sm__warps_active) against theoretical (occupancy calculator)" +
-                                    (", mean over the profiled launches of each point" if g.name == "point" else "")
-                                    + "; beside each: the launch's waves per SM (launch__waves_per_multiprocessor)"))
-        spec = [*g.lead, *_count_cols(g), ("registers/thread", _col("registers_per_thread")),
-                ("theoretical", _col("theoretical_occupancy_pct", fmt_pct)),
-                ("achieved", _col("achieved_occupancy_pct", fmt_pct)),
-                ("waves per SM", _col("waves_per_sm", lambda v: "–" if _isnan(v) else f"{float(v):.2f}"))]
-        blocks.append(_table(k, spec, caption=_titled(g, grp, groups, f"Occupancy and launch per {g.name}"),
-                             note="waves per SM: the launch's blocks over what all SMs hold at once at this "
-                                  "occupancy; below 1 some SMs get no block, a fraction above a whole number is a "
-                                  "partial last wave (ncu's Tail Effect rule). A batched launch's waves are the "
-                                  "launch's, not per table."))
+        blocks.append(figure_block(kernel_occupancy_figure(k, f"Occupancy per {g.name}"), "Occupancy",
+                                   "achieved (sm__warps_active) against theoretical (occupancy calculator)" +
+                                   (", mean over the profiled launches of each point" if g.name == "point" else "")
+                                   + "; beside each: the launch's waves per SM (launch__waves_per_multiprocessor)"))
+        spec = [*g.lead, *_count_cols(g), ("registers/thread", column_cell("registers_per_thread")),
+                ("theoretical", column_cell("theoretical_occupancy_pct", fmt_pct)),
+                ("achieved", column_cell("achieved_occupancy_pct", fmt_pct)),
+                ("waves per SM", column_cell("waves_per_sm", lambda v: "–" if is_na(v) else f"{float(v):.2f}"))]
+        blocks.append(table_block(k, spec, caption=_titled(g, grp, groups, f"Occupancy and launch per {g.name}"),
+                                  note="waves per SM: the launch's blocks over what all SMs hold at once at this "
+                                       "occupancy; below 1 some SMs get no block, a fraction above a whole number is a "
+                                       "partial last wave (ncu's Tail Effect rule). A batched launch's waves are the "
+                                       "launch's, not per table."))
     return PanelOutput(blocks + _beside(s, g, "occupancy"), modes=g.modes(s))
 
 
@@ -606,8 +612,8 @@ def kernels(s: Any, g: Grain) -> PanelOutput:
     k = _per_table(s, s.kview)
     if g.name == "point":
         # the points' panels above say what each kernel did; the launches themselves are a reference, folded
-        table = _scoped_table(kernel_table(_order(k), "Every profiled kernel (lookup kernels and L2 pre-pass "
-                                                      "kernels)"), g)
+        table = _scoped_table(kernel_table(ordered_rows(k), "Every profiled kernel (lookup kernels and L2 pre-pass "
+                                                            "kernels)"), g)
         blocks: list[Any] = [DetailsBlock(f"Every profiled launch: {len(table.rows)} kernel(s) of "
                                           f"{k[['variant', 'dataset']].drop_duplicates().shape[0]} point(s)",
                                           [table])]
@@ -626,7 +632,7 @@ def rules(s: Any, g: Grain) -> PanelOutput:
     blocks: list[Any] = []
     if g.name == "point":
         if not any(p.get("status") == "ok" and p.get("report") for p in s.profile_points):
-            raise Missing(_points_missing(s, "profile", _PROFILE_HINT))
+            raise Missing(points_missing(s, "profile", PROFILE_HINT))
         blocks += [NoteBlock(e, "warning") for e in s.rule_errors]
     r = s.rules
     if r.empty:

@@ -20,25 +20,25 @@ from characterize.report.blocks import (
     NoteBlock,
     PanelOutput,
     TableBlock,
-    _figure_block,
-    _isnan,
-    _kv,
-    _order,
-    _table,
-    _txt,
+    as_text,
+    figure_block,
     fmt_num,
     fmt_x,
+    is_na,
+    kv_table,
+    ordered_rows,
+    table_block,
 )
 from characterize.report.layout import (
-    _BENCH_HINT,
-    _PROFILE_HINT,
+    BENCH_HINT,
     NEEDS,
+    PROFILE_HINT,
     S_FAIL,
     S_OVERVIEW,
     Panel,
-    _points_missing,
     is_paper,
     never_measured,
+    points_missing,
 )
 from characterize.report.plots import (
     order_datasets,
@@ -134,7 +134,7 @@ def _p_environment(s: RunSource) -> PanelOutput:
         if "; NOT " in str(told.get("analyzed without the GPU", "")) else []
     return PanelOutput([NoteBlock(head or "no GPU recorded"), *warn,
                         DetailsBlock(f"The full record ({sum(v not in (None, '') for v in told.values())} entries)",
-                                     [_kv(rows)])])
+                                     [kv_table(rows)])])
 
 
 def _methodology_rows(s: RunSource) -> list[tuple[str, Any]]:
@@ -208,11 +208,11 @@ def _p_contents(s: RunSource) -> PanelOutput:
          f"{len(s.locality_raw)} dataset(s)" if s.locality_raw else NEEDS["locality"].why_missing(s),
          PROVENANCE["trace"].label],
         ["timing", status(b_ok > 0), f"{b_ok} point(s) timed, {len(bp) - b_ok} failed" if bp else
-         _points_missing(s, "bench", _BENCH_HINT), PROVENANCE[s.timing_provenance].label if bp else ""],
+         points_missing(s, "bench", BENCH_HINT), PROVENANCE[s.timing_provenance].label if bp else ""],
         ["Nsight Compute profile", status(p_ok > 0 and not s.metrics.empty),
          f"{p_ok} point(s) profiled, {len(pp) - p_ok} failed" +
          (f", {len(s.unreadable_reports)} report(s) unreadable (see Failures)" if s.unreadable_reports else "")
-         if pp else _points_missing(s, "profile", _PROFILE_HINT),
+         if pp else points_missing(s, "profile", PROFILE_HINT),
          PROVENANCE["ncu"].label if pp else ""],
         ["model predictions", status(not s.predictions.empty),
          f"{len(s.predictions)} prediction row(s)" if not s.predictions.empty else NEEDS["predictions"].why_missing(s),
@@ -248,24 +248,24 @@ def _p_headline(s: RunSource) -> PanelOutput:
             continue
         ci = _speedup_ci_table(s, mode).set_index(["variant", "dataset"])
         if mode == s.modes[0]:
-            sp = _order(analyze.speedups(s.bench_ok, mode, against=("base",)))
-            blocks.append(_figure_block(speedup_figure(sp, "base", f"Speedup over base, {mode}"),
-                                        f"Speedup over base ({mode})", f"{PROVENANCE[s.timing_provenance].label}; "
-                                        f"{s.timing_mode(mode)}; error bars: 95% CI (delta method)",
-                                        stamp=s.timing_stamp))
+            sp = ordered_rows(analyze.speedups(s.bench_ok, mode, against=("base",)))
+            blocks.append(figure_block(speedup_figure(sp, "base", f"Speedup over base, {mode}"),
+                                       f"Speedup over base ({mode})", f"{PROVENANCE[s.timing_provenance].label}; "
+                                       f"{s.timing_mode(mode)}; error bars: 95% CI (delta method)",
+                                       stamp=s.timing_stamp))
         datasets = list(table.columns)
         rows = []
-        for v in _order(pd.DataFrame({"variant": table.index}))["variant"]:
+        for v in ordered_rows(pd.DataFrame({"variant": table.index}))["variant"]:
             cells = [Cell(v, "code")]
             vals = []
             for d in datasets:
                 x = table.loc[v, d]
                 c = ci["speedup_vs_base_ci95"].get((v, d), np.nan) if (v, d) in ci.index else np.nan
                 vals.append(x)
-                cells.append(Cell(fmt_x(x, c), "num" + (" good" if not _isnan(x) and x > 1.02 else
-                                                        " bad" if not _isnan(x) and x < 0.98 else "")))
-            best = np.nanmax(vals) if any(not _isnan(x) for x in vals) else np.nan
-            cells.append(Cell("–" if _isnan(best) else f"{100 * (best - 1):+.0f}%", "num"))
+                cells.append(Cell(fmt_x(x, c), "num" + (" good" if not is_na(x) and x > 1.02 else
+                                                        " bad" if not is_na(x) and x < 0.98 else "")))
+            best = np.nanmax(vals) if any(not is_na(x) for x in vals) else np.nan
+            cells.append(Cell("–" if is_na(best) else f"{100 * (best - 1):+.0f}%", "num"))
             if claims:
                 cells.append(Cell(claims.get(v, ""), "claim"))
             rows.append(cells)
@@ -275,7 +275,7 @@ def _p_headline(s: RunSource) -> PanelOutput:
                                          f"({PROVENANCE[s.timing_provenance].label})",
                                  note="ratio of mean per-table latencies (> 1: faster than base) with a 95% CI"))
     slow = analyze.slowdown_random_vs_one_item(s.bench_ok)
-    if not _isnan(slow):
+    if not is_na(slow):
         blocks.append(NoteBlock(f"base: random access is {slow:.2f}x slower than one-item (steady mode)" +
                                 (f"; paper: {claims['random_vs_one_item']}." if claims else ".")))
     return PanelOutput(blocks, modes="; ".join(s.timing_mode(m) for m in s.modes))
@@ -286,12 +286,12 @@ def _predicted_headline_panel(s: RunSource) -> PanelOutput:
     a chart per GPU (the band as error bars), the numbers on demand."""
     p = s.primary_predictions
     if p.empty or not {"variant", "dataset", "time_us"} <= set(p.columns):
-        raise Missing(_points_missing(s, "bench", _BENCH_HINT) + " No model predictions either (predictions.csv).")
+        raise Missing(points_missing(s, "bench", BENCH_HINT) + " No model predictions either (predictions.csv).")
     if "mode" in p.columns and (p["mode"] == "steady").any():
         p = p[p["mode"] == "steady"]
     sp = predicted_speedups(p)
     banded = sp["speedup_low"].notna().any()
-    why = _points_missing(s, "bench", _BENCH_HINT)
+    why = points_missing(s, "bench", BENCH_HINT)
     if never_measured(s, "bench"):   # the "needs a GPU" box says how to measure
         why = why.split(". ")[0] + "."
     blocks: list[Any] = [NoteBlock(
@@ -304,13 +304,13 @@ def _predicted_headline_panel(s: RunSource) -> PanelOutput:
     for i, gpu in enumerate(gpus[:3]):
         d = sp[sp["gpu"].astype(str) == gpu] if gpu else sp
         if i < 2:
-            blocks.append(_figure_block(prediction_figure(_order(d), gpu, f"Predicted speedup over base"
-                                                                          f"{', ' + gpu if gpu else ''}"),
-                                        f"Predicted speedup ({gpu})", f"{PROVENANCE['model'].label} (PREDICTION), "
-                                        "steady mode; error bars: the model's band", stamp=PREDICTION_STAMP))
+            blocks.append(figure_block(prediction_figure(ordered_rows(d), gpu, f"Predicted speedup over base"
+                                                                               f"{', ' + gpu if gpu else ''}"),
+                                       f"Predicted speedup ({gpu})", f"{PROVENANCE['model'].label} (PREDICTION), "
+                                       "steady mode; error bars: the model's band", stamp=PREDICTION_STAMP))
         datasets = order_datasets(d["dataset"])
         rows = []
-        for v in _order(pd.DataFrame({"variant": d["variant"].unique()}))["variant"]:
+        for v in ordered_rows(pd.DataFrame({"variant": d["variant"].unique()}))["variant"]:
             cells, vals = [Cell(v, "code")], []
             for ds in datasets:
                 r = d[(d["variant"] == v) & (d["dataset"] == ds)]
@@ -319,10 +319,10 @@ def _predicted_headline_panel(s: RunSource) -> PanelOutput:
                     continue
                 x, lo, hi = r["speedup"].iloc[0], r["speedup_low"].iloc[0], r["speedup_high"].iloc[0]
                 vals.append(x)
-                band = "" if _isnan(lo) else f" [{lo:.2f}–{hi:.2f}]"
-                cells.append(Cell(f"{x:.2f}×{band}" if not _isnan(x) else "–", "num"))
-            best = max((x for x in vals if not _isnan(x)), default=np.nan)
-            cells.append(Cell("–" if _isnan(best) else f"{100 * (best - 1):+.0f}%", "num"))
+                band = "" if is_na(lo) else f" [{lo:.2f}–{hi:.2f}]"
+                cells.append(Cell(f"{x:.2f}×{band}" if not is_na(x) else "–", "num"))
+            best = max((x for x in vals if not is_na(x)), default=np.nan)
+            cells.append(Cell("–" if is_na(best) else f"{100 * (best - 1):+.0f}%", "num"))
             if claims:
                 cells.append(Cell(claims.get(v, ""), "claim"))
             rows.append(cells)
@@ -343,8 +343,10 @@ def _p_failures(s: RunSource) -> PanelOutput:
     if f.empty:
         return PanelOutput([NoteBlock("No failed points.")])
     spec = [("kind", lambda r: Cell(str(r["kind"]), "")), ("variant", lambda r: Cell(str(r["variant"]), "code")),
-            ("dataset", lambda r: Cell(str(r["dataset"]), "code")), ("error", lambda r: Cell(_txt(r["error"]), "msg"))]
-    return PanelOutput([_table(_order(f), spec, caption=f"{len(f)} point(s) failed; the other points are unaffected")])
+            ("dataset", lambda r: Cell(str(r["dataset"]), "code")),
+            ("error", lambda r: Cell(as_text(r["error"]), "msg"))]
+    return PanelOutput([table_block(ordered_rows(f), spec,
+                                    caption=f"{len(f)} point(s) failed; the other points are unaffected")])
 
 
 PANELS: tuple[Panel, ...] = (
