@@ -695,3 +695,39 @@ def test_the_dlrm_step_panel_shows_stages_bands_and_the_paper(tmp_path):
     assert "speedup end to end" in panel and "1.77x end to end" in panel and "band (µs)" in panel
     (run / "e2e.csv").unlink()
     assert "no e2e.csv in the run directory" in report_html([run])
+
+
+def test_a_panel_is_compacted_for_a_reader_and_loses_nothing():
+    """Cold-mode repeats folded behind the steady ones, a long table beside a figure folded
+    under its caption, two figures side by side, a short table and a note left in place; a
+    panel without a figure is left as it is."""
+    from characterize.report.blocks import (
+        FOLD_ROWS,
+        Cell,
+        DetailsBlock,
+        FigureBlock,
+        FigureRow,
+        NoteBlock,
+        TableBlock,
+        compact,
+    )
+
+    def fig(title):
+        return FigureBlock(title, "data:image/png;base64,", 800, 340, title, "")
+
+    def tab(caption, n):
+        return TableBlock(["a"], [[Cell(str(i))] for i in range(n)], caption=caption)
+
+    long, short, note = tab("steady: latency", FOLD_ROWS + 3), tab("few", FOLD_ROWS), NoteBlock("n")
+    blocks = [fig("Latency (steady)"), long, fig("Speedup (steady)"), short, note,
+              fig("Latency (cold)"), tab("cold: latency", 30)]
+    out = compact(blocks)
+    assert isinstance(out[0], FigureRow) and [f.title for f in out[0].figures] == ["Latency (steady)",
+                                                                                  "Speedup (steady)"]
+    assert isinstance(out[1], DetailsBlock) and out[1].blocks == [long] and "(9 rows)" in out[1].summary
+    assert out[2] is short and out[3] is note
+    cold = out[4]
+    assert isinstance(cold, DetailsBlock) and cold.summary.startswith("Cold mode")
+    assert [type(b).__name__ for b in cold.blocks] == ["FigureBlock", "DetailsBlock"]
+    plain = [long, note]
+    assert compact(plain) == plain
