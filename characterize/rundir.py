@@ -58,6 +58,7 @@ class Artifact:
     columns: tuple[Column, ...] = ()
     fields: tuple[Field, ...] = ()   # JSON: the fields of the object (of each entry, when keyed)
     keyed: str = ""              # JSON: what the top-level keys are, when each value is one record (locality)
+    added_by: tuple[str, ...] = ()   # later steps that add rows to it (the sweeps step, after the first answer)
 
     @property
     def column_names(self) -> list[str]:
@@ -337,15 +338,16 @@ ARTIFACTS: dict[str, Artifact] = {a.key: a for a in (
     Artifact("log", "log.txt", "text", "run", "record", "what happened, one timestamped line per event"),
     Artifact("static", "static.csv", "csv", "static", "static",
              "registers, spills and theoretical occupancy per variant x architecture (with the register sweep)",
-             _STATIC),
+             _STATIC, added_by=("sweeps",)),
     Artifact("sass", "sass.csv", "csv", "static", "static",
-             "each kernel's hot loop read from its SASS: loads by width, spills, rows in flight", _SASS),
+             "each kernel's hot loop read from its SASS: loads by width, spills, rows in flight", _SASS,
+             added_by=("sweeps",)),
     Artifact("locality", "locality.json", "json", "locality", "trace",
              "trace statistics per dataset: unique rows, top-K coverage, reuse distances", _LOCALITY,
              fields=_LOCALITY_FIELDS, keyed="dataset"),
     Artifact("predictions", "predictions.csv", "csv", "predict", "predicted",
              "model predictions per variant x dataset x GPU x mode (x dtype, x cache size), with bands",
-             _PREDICTIONS),
+             _PREDICTIONS, added_by=("sweeps",)),
     Artifact("model_validation", "model_validation.csv", "csv", "predict", "predicted",
              "the model against the paper's published claims", _VALIDATION),
     Artifact("e2e", "e2e.csv", "csv", "e2e", "predicted",
@@ -385,7 +387,8 @@ def markdown_table(artifacts: Iterable[Artifact] | None = None) -> str:
     """docs/gpu.md's run-directory table: file, written by, numbers, meaning."""
     lines = ["| file | written by | numbers | what it holds |", "|---|---|---|---|"]
     for a in artifacts or ARTIFACTS.values():
-        lines.append(f"| `{a.path}` | {a.step} | {a.source} | {a.meaning} |")
+        step = ", then ".join([a.step, *a.added_by])
+        lines.append(f"| `{a.path}` | {step} | {a.source} | {a.meaning} |")
     return "\n".join(lines)
 
 

@@ -16,7 +16,7 @@ from characterize.kernels.registry import VARIANT_ORDER, built_in
 from characterize.store import load_run
 from characterize.workloads.presets import HOTNESS_ORDER
 from tests.analysis.test_model import sass, static
-from tests.conftest import write_experiment
+from tests.conftest import needs_tools, write_experiment
 
 
 def test_empty_lists_mean_everything_in_registry_order():
@@ -197,3 +197,31 @@ def test_a_run_measured_on_a_gpu_gets_its_predictions_on_a_machine_without_one(t
     assert "h200" in set(after.predictions["gpu"]) and (run / "report.html").is_file()
     assert {p.name: p.read_text() for p in (run / "points").rglob("*.json")} == before
     assert r.output.rstrip().splitlines()[-1].startswith("the answer: h200: use tbe")
+
+
+@needs_tools
+def test_the_sweeps_step_adds_the_register_sweep_and_the_grid_after_the_answer(tmp_path, monkeypatch):
+    """The static and predict steps hold the workload's dtype alone (the first answer); the
+    sweeps step adds the register sweep and each other precision's facts and predictions,
+    leaves the answer's rows as they were, and, run again (a resumed run), doubles nothing."""
+    monkeypatch.setenv("CHARACTERIZE_CACHE", str(tmp_path / "cache"))
+    exp = dataclasses.replace(pipeline.load_experiment(str(write_experiment(
+        tmp_path, datasets=("high",), variants=("base", "warp"), caps=(48,)))), dtypes=("fp16",))
+    run = pipeline.open_experiment_run(exp, tmp_path / "run", "bench", False, None)
+    code = pipeline.static_step(run, exp)
+    assert set(code.static["dtype"]) == {"fp32"} and not code.static["sweep"].any()
+    answer = pipeline.predict_step(run, exp, code)
+    assert set(answer["dtype"]) == {"fp32"}
+    first = load_run(run.path)
+    first_predictions, first_sass = first.predictions, first.sass   # read now: a run's tables are read lazily
+    pipeline.sweeps_step(run, exp)
+    after = load_run(run.path)
+    assert set(after.static["dtype"]) == set(after.sass["dtype"]) == {"fp32", "fp16"}
+    assert set(after.static.loc[after.static["sweep"], "maxrregcount"]) == {48}
+    assert set(after.predictions["dtype"]) == {"fp32", "fp16"}
+    kept = after.predictions[after.predictions["dtype"] == "fp32"].reset_index(drop=True)
+    pd.testing.assert_frame_equal(kept, first_predictions)
+    pd.testing.assert_frame_equal(after.sass[after.sass["dtype"] == "fp32"].reset_index(drop=True), first_sass)
+    pipeline.sweeps_step(run, exp)
+    again = load_run(run.path)
+    assert len(again.predictions) == len(after.predictions) and len(again.static) == len(after.static)

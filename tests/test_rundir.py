@@ -61,7 +61,8 @@ def test_every_step_writes_what_the_declaration_says():
         if a.step != "run":
             assert a.key in by_step[a.step], f"{a.key} is declared as written by {a.step}"
     for step, keys in by_step.items():
-        assert all(artifact(k).step == step for k in keys), step
+        assert all(artifact(k).step == step or step in artifact(k).added_by for k in keys), step
+    assert by_step["sweeps"] == {k for k, a in ARTIFACTS.items() if "sweeps" in a.added_by}
 
 
 def test_the_committed_run_holds_only_declared_files_and_columns():

@@ -74,6 +74,7 @@ from characterize.pipeline.steps import (  # noqa: F401
     run_meta,
     static_step,
     stored_code,
+    sweeps_step,
 )
 from characterize.pipeline.validation import (  # noqa: F401
     measured_points,
@@ -101,6 +102,7 @@ __all__ = [
     "run_meta",
     "locality_step",
     "static_step",
+    "sweeps_step",
     "stored_code",
     "predict_step",
     "e2e_step",

@@ -68,8 +68,9 @@ def sass_frame(variants: Sequence[str], archs: Sequence[str], D: int,
 def code_facts(variants: Sequence[str], archs: Sequence[str], D: int, params: Mapping[str, Any] | None = None,
                sweep_caps: Sequence[int] = (), dtype: str = "fp32",
                progress: Reporter | Progress | None = None, also_dtypes: Sequence[str] = (),
-               label: str = "") -> CodeFacts:
-    """Compile the variants (builds are cached), read ptxas's resources and the SASS;
+               label: str = "", hot_loops: bool = True) -> CodeFacts:
+    """Compile the variants (builds are cached), read ptxas's resources and the SASS
+    (not with `hot_loops` False, for a caller that has them: sass is then empty);
     `progress` sees each build, compiled or reused. The builds of `also_dtypes` (the
     experiment's other precisions, characterized later) are compiled in the same parallel
     batches, so nvcc runs on every core from the start. `label` starts each progress
@@ -81,9 +82,11 @@ def code_facts(variants: Sequence[str], archs: Sequence[str], D: int, params: Ma
                      D=D)
             rows = static_characterization(list(variants), list(archs), sweep_caps, D=D,
                                            params=dict(params or {}), dtype=dtype)
-        with rep.task(f"{label}SASS hot loops (cuobjdump)") as task:
-            sass = sass_frame(variants, archs, D, params, dtype)
-            task.finish(f"{len(sass)} kernel(s) analyzed")
+        sass = pd.DataFrame()
+        if hot_loops:
+            with rep.task(f"{label}SASS hot loops (cuobjdump)") as task:
+                sass = sass_frame(variants, archs, D, params, dtype)
+                task.finish(f"{len(sass)} kernel(s) analyzed")
     except ToolchainNotFound as e:
         raise type(e)(f"{e}; the model needs each variant's registers, occupancy and hot loop, which "
                                 "come from the compiled code (or pass a run's static.csv and sass.csv)") from None

@@ -112,13 +112,27 @@ def _predictions_key(exp: ExperimentConfig, targets: Sequence[str], code: CodeFa
                          np.__version__], sort_keys=True, default=str).encode()]
     parts += [b"|" + (frame.to_csv(index=False).encode() if frame is not None else b"")
               for frame in (code.static, code.sass)]
-    for spec in exp.datasets:
-        parsed = parse_dataset(spec)
-        if not isinstance(parsed, Hotness):
-            with contextlib.suppress(OSError):
-                st = Path(parsed).stat()
-                parts.append(f"{Path(parsed).resolve()}:{st.st_size}:{st.st_mtime_ns}".encode())
+    parts += [dataset_identity(spec).encode() for spec in exp.datasets]
     return _inputs_digest(parts)
+
+
+def dataset_identity(spec: str) -> str:
+    """What a dataset's traces depend on beyond the workload: a generated one's spec, a trace
+    file's path, size and modification time (a file rewritten is another dataset)."""
+    parsed = parse_dataset(spec)
+    if isinstance(parsed, Hotness):
+        return spec
+    try:
+        st = Path(parsed).stat()
+    except OSError:
+        return spec
+    return f"{Path(parsed).resolve()}:{st.st_size}:{st.st_mtime_ns}"
+
+
+def cache_key(*parts: str | bytes) -> str:
+    """A disk-cache key for what the pipeline works out from `parts`: the package's code and
+    data and the stored calibrations are always part of it."""
+    return _inputs_digest(p.encode() if isinstance(p, str) else p for p in parts)
 
 
 def _kept_predictions(key: str) -> pd.DataFrame | None:

@@ -45,6 +45,7 @@ from characterize.pipeline.steps import (
     profile_step,
     report_step,
     static_step,
+    sweeps_step,
 )
 from characterize.progress import Progress, Reporter, as_reporter
 from characterize.store import load_run
@@ -254,6 +255,7 @@ def selftest_gpu(out: Path | None = None, *, ncu: str | None = None, resume: boo
         code = static_step(run, exp, rep)
         locality_step(run, exp, rep)
         predict_step(run, exp, code, rep)
+        sweeps_step(run, exp, rep)
         report_step(ctx)
 
     actions = {"check": check, "bench": lambda: bench_step(ctx), "profile": profile, "e2e": dlrm, "report": report}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import json
 import os
 import shlex
 import sys
@@ -34,6 +35,7 @@ from characterize.errors import (
 )
 from characterize.hardware.devices import devices, require_gpu
 from characterize.kernels.build import BuildTally, buildable_arch, observe_builds, toolkit_record
+from characterize.kernels.diskcache import entry, read_entry, write_entry
 from characterize.kernels.library import unavailable
 from characterize.kernels.registry import (
     get_variant,
@@ -56,7 +58,7 @@ from characterize.memory import memory_budget
 from characterize.pipeline.dlrm import e2e
 from characterize.pipeline.experiment import check_experiment
 from characterize.pipeline.facts import CodeFacts, code_facts, reads
-from characterize.pipeline.predictions import model_validation, predict
+from characterize.pipeline.predictions import cache_key, dataset_identity, model_validation, predict
 from characterize.progress import Progress, Reporter, Task, as_reporter, folded
 from characterize.progress import quiet as _quiet
 from characterize.report.render import render_report
@@ -126,6 +128,13 @@ def locality_step(run: RunDir, exp: ExperimentConfig, progress: Reporter | Progr
     out, failed = {}, {}
     with as_reporter(progress).task("locality", total=len(exp.datasets), unit="datasets") as task:
         def one(ds: str) -> None:
+            # kept in the disk cache: the same trace (generated, or a file unchanged) gives the same statistics
+            key = cache_key(json.dumps([wl.to_dict(), dataset_identity(ds), table, sorted(ks)], default=str))
+            kept = read_entry(entry("locality", key, ".json"), lambda f: json.loads(f.read_text()))
+            if isinstance(kept, dict):
+                out[ds] = kept
+                task.advance(1, item=f"{ds}: {kept.get('unique_rows', 0):,} unique rows (kept from an earlier run)")
+                return
             try:
                 data = load_dataset(ds, wl, tables=[table])
                 stats = locality_stats(data.tables[0].indices, data.rows, wl.row_bytes, sorted(ks),
@@ -136,6 +145,7 @@ def locality_step(run: RunDir, exp: ExperimentConfig, progress: Reporter | Progr
                 task.advance(1)
                 return
             out[ds] = stats.to_json() | {"table": table, "description": data.description}
+            write_entry(entry("locality", key, ".json"), json.dumps(out[ds], default=str))
             task.advance(1, item=f"{ds}: {stats.unique_rows:,} unique of {stats.lookups:,} lookups")
 
         # datasets side by side (the reuse kernel releases the GIL), as many as the memory budget holds at
@@ -156,32 +166,80 @@ def locality_step(run: RunDir, exp: ExperimentConfig, progress: Reporter | Progr
 
 
 def static_step(run: RunDir, exp: ExperimentConfig, progress: Reporter | Progress = _quiet) -> CodeFacts:
-    """static.csv (with the register sweep) and sass.csv of the experiment's variants, at
-    the workload's dtype and at each of the precision grid's (the facts its predictions
-    read, so that the run directory says where every prediction came from). One progress
-    line for the whole step; each precision's own lines go to the run's log."""
+    """static.csv and sass.csv of the experiment's variants at the workload's dtype, as
+    configured: what the first answer's predictions read, and no more (the register sweep
+    and the other precisions come in the sweeps step, after the answer). One progress line."""
     archs = list(dict.fromkeys(buildable_arch(a) for a in exp.archs))   # CUDA 13 builds no Volta: its stand-in
-    dtypes = list(dict.fromkeys([exp.workload.dtype, *exp.dtypes]))
     tally = BuildTally()
-    with folded(progress, f"static ({', '.join(dtypes)} on {', '.join(archs)})", unit="builds") as fold, \
+    with folded(progress, f"static ({exp.workload.dtype} on {', '.join(archs)})", unit="builds") as fold, \
             observe_builds(tally):
-        label = f"{exp.workload.dtype}: " if len(dtypes) > 1 else ""
-        code = code_facts(exp.variants, archs, exp.workload.D, exp.params, exp.maxrregcount, exp.workload.dtype,
-                          progress=fold, also_dtypes=exp.dtypes, label=label)
-        statics, sasses = [code.static], [code.sass]
-        for dt in dtypes[1:]:
-            wl = exp.workload.replace(dtype=dt)
-            names = [v for v in dict.fromkeys(["base", *exp.variants]) if get_variant(v).compiled and reads(v, wl)]
-            more = code_facts(names, archs, exp.workload.D, exp.params, dtype=dt, progress=fold, label=f"{dt}: ")
-            statics.append(more.static)
-            sasses.append(more.sass)
-        code = CodeFacts(exp.workload.D, pd.concat(statics, ignore_index=True), pd.concat(sasses, ignore_index=True))
+        code = code_facts(exp.variants, archs, exp.workload.D, exp.params, dtype=exp.workload.dtype, progress=fold)
         fold.step.finish(f"{tally.summary()}; {len(code.sass)} hot loop(s) read")
     for part in fold.parts:
         run.log(f"static: {part}")
     run.write("static", code.static)
     run.write("sass", code.sass)
     return code
+
+
+def other_dtypes(exp: ExperimentConfig) -> list[str]:
+    """The precisions the experiment predicts beside its workload's (the precision grid)."""
+    return [d for d in dict.fromkeys(exp.dtypes) if d != exp.workload.dtype]
+
+
+def sweeps_step(run: RunDir, exp: ExperimentConfig, progress: Reporter | Progress = _quiet) -> CodeFacts:
+    """After the first answer, what the report's sweeps read: the register sweep at the
+    workload's dtype (static.csv) and the precision grid, each other dtype's builds, static
+    facts, hot loops (sass.csv) and predictions (predictions.csv), added to what the static
+    and predict steps wrote. The workload dtype's hot loops are not read again."""
+    archs = list(dict.fromkeys(buildable_arch(a) for a in exp.archs))
+    more = other_dtypes(exp)
+    first = stored_code(run, exp)
+    tally = BuildTally()
+    what = ", ".join([*(["register sweep"] if exp.maxrregcount else []), *more]) or "nothing to add"
+    with folded(progress, f"sweeps ({what} on {', '.join(archs)})", unit="builds") as fold, observe_builds(tally):
+        label = f"{exp.workload.dtype}: "
+        code = code_facts(exp.variants, archs, exp.workload.D, exp.params, exp.maxrregcount, exp.workload.dtype,
+                          progress=fold, also_dtypes=more, label=label, hot_loops=first is None)
+        statics, sasses = [code.static], [first.sass if first is not None else code.sass]
+        for dt in more:
+            wl = exp.workload.replace(dtype=dt)
+            names = [v for v in dict.fromkeys(["base", *exp.variants]) if get_variant(v).compiled and reads(v, wl)]
+            extra = code_facts(names, archs, exp.workload.D, exp.params, dtype=dt, progress=fold, label=f"{dt}: ")
+            statics.append(extra.static)
+            sasses.append(extra.sass)
+        code = CodeFacts(exp.workload.D, pd.concat(statics, ignore_index=True), pd.concat(sasses, ignore_index=True))
+        fold.step.finish(f"{tally.summary()}; {len(code.sass)} hot loop(s) in all")
+    for part in fold.parts:
+        run.log(f"sweeps: {part}")
+    run.write("static", code.static)
+    run.write("sass", code.sass)
+    if more:
+        _predict_more(run, exp, code, more, progress)
+    return code
+
+
+def _predict_more(run: RunDir, exp: ExperimentConfig, code: CodeFacts, more: Sequence[str],
+                  progress: Reporter | Progress) -> None:
+    """The other precisions' predictions, added to the workload dtype's in predictions.csv."""
+    targets = prediction_targets(run, exp)
+    sweep = cache_sweep(exp)
+    stored = load_run(run.path).predictions
+    if "dtype" in stored.columns:   # a resumed run: its earlier grid is replaced, not doubled
+        stored = stored[~stored["dtype"].isin(more)]
+    frames = [stored] if not stored.empty else []
+    with folded(progress, f"predict ({', '.join(more)} on {', '.join(targets)})", unit="datasets") as fold:
+        for dt in more:
+            wl = exp.workload.replace(dtype=dt)
+            other = dataclasses.replace(exp, workload=wl, dtypes=(), variants=tuple(v for v in exp.variants
+                                                                                    if reads(v, wl)))
+            if other.variants:   # none of the experiment's variants reads this dtype (fp8: tbe alone)
+                frames.append(predict(other, targets, code=code, progress=fold, cache_ratios=sweep))
+        df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+        fold.step.finish(f"{len(df) - len(stored)} point(s) added")
+    for part in fold.parts:
+        run.log(f"sweeps: {part}")
+    run.write("predictions", df)
 
 
 def stored_code(run: RunDir, exp: ExperimentConfig) -> CodeFacts | None:
@@ -192,17 +250,29 @@ def stored_code(run: RunDir, exp: ExperimentConfig) -> CodeFacts | None:
     return CodeFacts(exp.workload.D, stored.static, stored.sass)
 
 
-def predict_step(run: RunDir, exp: ExperimentConfig, code: CodeFacts | None = None,
-                 progress: Reporter | Progress = _quiet) -> pd.DataFrame:
-    """Model predictions for every variant x dataset x architecture (and the run's GPU)."""
+def prediction_targets(run: RunDir, exp: ExperimentConfig) -> list[str]:
+    """The architectures predicted: the experiment's, and the run's GPU when it has one."""
     archs = list(exp.archs)
     gpu = load_run(run.path).meta.get("gpu") or {}
     if gpu.get("key") and gpu["key"] not in archs:
         archs.append(gpu["key"])
-    sweep = CACHE_SWEEP if "cache" in exp.variants and "C" not in exp.params_for("cache") else None
-    dtypes = ", ".join(dict.fromkeys([exp.workload.dtype, *exp.dtypes]))
-    with folded(progress, f"predict ({dtypes} on {', '.join(archs)})", unit="datasets") as fold:
-        df = predict(exp, archs, code=code, progress=fold, cache_ratios=sweep)
+    return archs
+
+
+def cache_sweep(exp: ExperimentConfig) -> Sequence[float] | None:
+    """The cache variant's sizes to sweep, when it is run without a size of its own."""
+    return CACHE_SWEEP if "cache" in exp.variants and "C" not in exp.params_for("cache") else None
+
+
+def predict_step(run: RunDir, exp: ExperimentConfig, code: CodeFacts | None = None,
+                 progress: Reporter | Progress = _quiet) -> pd.DataFrame:
+    """Model predictions for every variant x dataset x architecture (and the run's GPU) at the
+    workload's dtype, and the model against the paper's claims: the first answer (the other
+    precisions are predicted in the sweeps step)."""
+    archs = prediction_targets(run, exp)
+    with folded(progress, f"predict ({exp.workload.dtype} on {', '.join(archs)})", unit="datasets") as fold:
+        df = predict(dataclasses.replace(exp, dtypes=()), archs, code=code, progress=fold,
+                     cache_ratios=cache_sweep(exp))
         run.write("predictions", df)
         with fold.task("the model against the paper's claims") as task:
             claims = model_validation(code, progress=fold)
@@ -398,6 +468,8 @@ STEPS: tuple[Step, ...] = (
          "the DLRM step around each variant"),
     Step("bench", ("bench", "gpus", "jobs"), True, bench_step, "each point checked, then timed with CUDA events"),
     Step("profile", ("profile", "ncu"), True, profile_step, "each point under Nsight Compute"),
+    Step("sweeps", ("static", "sass", "predictions"), False, lambda c: sweeps_step(c.run, c.exp, c.reporter),
+         "after the answer: the register sweep, and each other precision's builds, hot loops and predictions"),
     Step("report", ("report",), False, report_step, "the HTML report"),
 )
 

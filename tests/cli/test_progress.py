@@ -268,11 +268,12 @@ class _Recorder:
         return cm()
 
 
-def test_the_locality_step_counts_datasets_and_failures(tmp_path):
+def test_the_locality_step_counts_datasets_and_failures(tmp_path, monkeypatch):
     from characterize import pipeline
     from characterize.errors import WorkloadError
     from tests.conftest import write_experiment
 
+    monkeypatch.setenv("CHARACTERIZE_CACHE", str(tmp_path / "cache"))   # computed, not kept by another test
     bad = tmp_path / "bad.txt"
     bad.write_text("3\nthree\n")
     exp = pipeline.load_experiment(str(write_experiment(tmp_path, datasets=("medium", str(bad), "random"))))
@@ -284,6 +285,38 @@ def test_the_locality_step_counts_datasets_and_failures(tmp_path):
     assert task["title"] == "locality" and task["total"] == 3 and task["done"] == 3
     assert task["summary"] == "2 dataset(s) analyzed, 1 failed"
     assert any(i.startswith("medium: ") and "unique of" in i for i in task["items"])
+
+
+def test_the_locality_step_keeps_each_traces_statistics(tmp_path, monkeypatch):
+    """A second run reads the statistics back (the same numbers), a trace file rewritten is
+    analyzed again, and a damaged entry is worked out again."""
+    from characterize import pipeline
+    from tests.conftest import write_experiment
+
+    monkeypatch.setenv("CHARACTERIZE_CACHE", str(tmp_path / "cache"))
+    trace = tmp_path / "trace.txt"
+    trace.write_text("\n".join(str(i % 7) for i in range(300)) + "\n")
+    exp = pipeline.load_experiment(str(write_experiment(tmp_path, datasets=("medium", str(trace)))))
+
+    def step(name: str) -> tuple[dict, list[str]]:
+        rec = _Recorder()
+        out = pipeline.locality_step(pipeline.open_experiment_run(exp, tmp_path / name, "bench", False, None), exp,
+                                     rec)
+        return out, rec.tasks[0]["items"]
+
+    first, items = step("a")
+    assert not any("kept from an earlier run" in i for i in items)
+    again, items = step("b")
+    assert again == first and sum("kept from an earlier run" in i for i in items) == 2
+    assert (tmp_path / "a" / "locality.json").read_bytes() == (tmp_path / "b" / "locality.json").read_bytes()
+    trace.write_text("\n".join(str(i % 5) for i in range(300)) + "\n")   # another trace under the same name
+    os.utime(trace, ns=(1, 1))
+    changed, items = step("c")
+    assert sum("kept from an earlier run" in i for i in items) == 1 and changed[str(trace)] != first[str(trace)]
+    for f in (tmp_path / "cache" / "locality").glob("*.json"):
+        f.write_text("{torn")
+    fresh, items = step("d")
+    assert fresh == changed and not any("kept from an earlier run" in i for i in items)
 
 
 def test_predictions_advance_once_per_dataset(monkeypatch, tmp_path):
@@ -327,7 +360,8 @@ def test_a_folded_step_is_one_task_and_keeps_its_parts(tmp_path, monkeypatch):
     assert any(i.startswith("fp16: compile: ") for i in task["items"])
 
 
-def test_predict_step_says_one_line_for_every_precision(tmp_path, monkeypatch):
+def test_predict_step_answers_at_the_workload_dtype_alone(tmp_path, monkeypatch):
+    """The first answer waits for no other precision: they are the sweeps step's, after it."""
     from characterize import pipeline
     from characterize.store import load_run
 
@@ -337,11 +371,10 @@ def test_predict_step_says_one_line_for_every_precision(tmp_path, monkeypatch):
                               variants=("base", "warp"))
     run = pipeline.open_experiment_run(exp, tmp_path / "run", "bench", False, None)
     rec = _Recorder()
-    pipeline.predict_step(run, exp, pipeline.CodeFacts(exp.workload.D, committed.static, committed.sass), rec)
+    df = pipeline.predict_step(run, exp, pipeline.CodeFacts(exp.workload.D, committed.static, committed.sass), rec)
     (task,) = rec.tasks
-    dtypes = list(dict.fromkeys([exp.workload.dtype, *exp.dtypes]))
-    assert len(dtypes) > 1 and task["title"].startswith(f"predict ({', '.join(dtypes)} on ")
+    assert task["title"].startswith(f"predict ({exp.workload.dtype} on ")
     assert re.fullmatch(r"\d+ point\(s\); the paper's 4 claim\(s\) checked against the model", task["summary"])
+    assert set(df["dtype"]) == {exp.workload.dtype}
     log = (tmp_path / "run" / "log.txt").read_text()
-    for dt in dtypes:
-        assert f"predict: {dt} predictions for " in log
+    assert f"predict: {exp.workload.dtype} predictions for " in log and "fp16 predictions" not in log
