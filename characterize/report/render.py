@@ -20,7 +20,7 @@ from characterize.files import check_output, write_atomic
 from characterize.report.blocks import Cell, Missing, NoteBlock, TableBlock, compact
 from characterize.report.headline import answer_boxes
 from characterize.report.layout import NEEDS, Panel, gpu_command, never_measured
-from characterize.report.panels.catalog import COMPARE_PANELS, IMPORT_PANELS, RUN_PANELS
+from characterize.report.panels.catalog import COMPARE_PANELS, IMPORT_PANELS, IMPORT_TABLE_PANELS, RUN_PANELS
 from characterize.report.provenance import PROVENANCE, Provenance
 from characterize.report.sources import Pair, RunSource, open_source
 from characterize.store import MergedRun, Run, complementary, load_run
@@ -193,7 +193,7 @@ def build_report(sources: Any, *, title: str | None = None, strict: bool = False
                     ", ".join(s.label for s in rest))
     rendered = []
     for src in srcs:
-        panels = RUN_PANELS if src.kind == "run" else IMPORT_PANELS
+        panels = RUN_PANELS if src.kind == "run" else IMPORT_TABLE_PANELS if src.per_table else IMPORT_PANELS
         kind = "run" if src.kind == "run" else "Nsight Compute report"
         rendered.append(RenderedSource(src.slug, src.label, kind, _sections(panels, src, strict)))
     comparisons, pair_list = [], []
