@@ -497,7 +497,7 @@ WHY_TERMS = (("latency_us", "latency (memory waits)", "#d62728"), ("dram_us", "D
 
 def why_figure(rows: pd.DataFrame, title: str) -> Figure:
     """The model's "why" per variant for one GPU and dataset: each term the predicted time
-    is the largest of (latency, DRAM, L2, L1 bandwidth, issue, in µs per table launch),
+    is the largest of (latency, DRAM, L2, L1 bandwidth, issue, in µs per table),
     the term that sets the time drawn solid and the others faint, with the predicted L1
     and L2 hit rates beside each variant."""
     terms = [t for t in WHY_TERMS if t[0] in rows.columns]
@@ -528,7 +528,7 @@ def why_figure(rows: pd.DataFrame, title: str) -> Figure:
             ax.annotate(", ".join(hits), (top * 1.02, y), va="center", fontsize=FONT - 2, color="#333333")
     ax.set_yticks(y0, [_text(v, 16) for v in variants])
     ax.set_xlim(0, top * 1.32 if top > 0 else 1)
-    _style(ax, title, None, "predicted µs per table launch (the time is the largest term + launch overhead)")
+    _style(ax, title, None, "predicted µs per table (the time is the largest term + launch overhead)")
     ax.grid(axis="x", color="#dddddd", linewidth=0.6)
     ax.grid(axis="y", visible=False)
     _legend(ax, loc="upper left", bbox_to_anchor=(0, -0.14), ncols=3)

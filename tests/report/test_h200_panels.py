@@ -267,3 +267,20 @@ def test_a_report_of_a_run_says_the_modes_its_point_file_recorded():
     assert "ncu&#39;s defaults" not in page and "ncu's defaults" not in words(page)
     probe = report_html([H200 / "ncu-probe" / "panels.ncu-rep"], strict=True)
     assert "ncu's defaults: --cache-control all" in words(probe)
+
+
+def test_the_model_panels_are_per_table(page):
+    """predictions.csv holds tbe's launch (450 us on random, 12 tables); beside the
+    measurements per table (40.1 us) the model panels state it per table (37.5 us), so
+    predicted against measured sits near the diagonal, not 12 times above it."""
+    part = panel_html(page, "s1-predicted-vs-measured")
+    heads, rows = table(part, "steady: prediction against measurement")
+    tbe = row(rows, variant="tbe", dataset="random")
+    assert tbe["predicted (µs)"] == "37.5" and tbe["measured (µs)"].startswith("40.1")
+    assert all(abs(float(r["error"].rstrip("%"))) < 60 for r in rows)
+    heads, rows = table(panel_html(page, "s1-predictions"), "PREDICTED by the model")
+    assert {"predicted time per table (µs)", "predicted DRAM bytes per table"} <= set(heads)
+    tbe = row(rows, variant="tbe", dataset="random", GPU="h200")
+    assert tbe["predicted time per table (µs)"] == "37.5" and tbe["predicted DRAM bytes per table"] == "137.0 MiB"
+    heads, rows = table(panel_html(page, "s1-why"), "PREDICTED, per table")
+    assert float(row(rows, variant="tbe", dataset="random", GPU="h200")["dram (µs)"]) < 40
