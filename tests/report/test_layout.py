@@ -122,7 +122,10 @@ MEASURE = """(() => {
           inner: innerWidth, grid: grid.width, sol: box('s1-sol'), roofline: box('s1-roofline'),
           memory: box('s1-memory'), latency: box('s1-latency'),
           empty: [...document.querySelectorAll('div.panel')].filter(p => p.getBoundingClientRect().height < 40)
-                   .map(p => p.id)};
+                   .map(p => p.id),
+          sideways: [...document.querySelectorAll('.table-wrap')]
+                   .filter(w => !w.closest('details:not([open])') && w.scrollWidth > w.clientWidth + 1)
+                   .map(w => (w.closest('.panel, section') || {id: '?'}).id)};
 })()"""
 OPEN_FOLD = """(() => { document.querySelector('#s1-sol > details.fold').open = true;
   const r = document.getElementById('s1-sol').getBoundingClientRect();
@@ -140,7 +143,8 @@ def chromium() -> str:
 @pytest.mark.slow
 def test_the_h200_report_at_1280_px(chromium, h200, tmp_path):
     """The H200 report stacked every panel (18,196 px at 1,280 px); in the grid, panels that
-    fit share a row, nothing is wider than the window, no panel is empty, and opening a
+    fit share a row, nothing is wider than the window, no panel is empty, no unfolded table
+    hides a column behind a scroll bar, and opening a
     folded table in a half-width panel gives it the whole row. Below 1,000 px, one column."""
     html = tmp_path / "h200.html"
     html.write_text(h200[1])
@@ -157,6 +161,7 @@ def test_the_h200_report_at_1280_px(chromium, h200, tmp_path):
     assert wide["height"] < 12800, wide["height"]
     assert wide["scrollWidth"] <= wide["inner"] and narrow["scrollWidth"] <= narrow["inner"]
     assert wide["empty"] == [] and narrow["empty"] == []
+    assert wide["sideways"] == []   # no table shown unfolded hides a column (the rule matrix's last point)
     sol, roof = wide["sol"], wide["roofline"]
     assert sol["top"] == roof["top"] and sol["left"] < roof["left"], (sol, roof)
     assert sol["width"] < 0.55 * wide["grid"] and wide["memory"]["width"] > 0.95 * wide["grid"]

@@ -164,7 +164,7 @@ def _p_predictions(s: RunSource) -> PanelOutput:
         "table, tbe's, divided by the tables)")]))
     v = s.run.model_validation
     if not v.empty and claims:
-        vspec = [(c, column_cell(c, as_text)) for c in ("claim", "paper", "model", "agrees", "gpu", "constants")
+        vspec = [(c, column_cell(c, as_text, "")) for c in ("claim", "paper", "model", "agrees", "gpu", "constants")
                  if c in v.columns]
         blocks.append(table_block(v, vspec, caption="The model against the MICRO 2024 paper's A100 claims (paper "
                                                     "configuration on sm_80; model PREDICTIONS vs published "
