@@ -429,7 +429,7 @@ def rule_matrix(ranked: pd.DataFrame, columns: Sequence[Any], names: dict[Any, s
             "–" if is_na(r["weighted_speedup_pct"]) else f"{r['weighted_speedup_pct']:.1f}%", "num")))
     spec.append(("largest est. speedup", lambda r: Cell(
         "–" if is_na(r["best_speedup_pct"]) else f"{r['best_speedup_pct']:.0f}% ({r['speedup_type'] or '?'})",
-        "num")))
+        "num wrap")))   # may wrap: one column per kernel or point follows, each as wide as it must be
     spec += [(names.get(c, str(c)), (lambda c: lambda r: cell(r, c))(c)) for c in columns]
     note = ("cells: finding type (error, warn, opt) and ncu's estimated speedup for that column; empty: no finding. "
             "Ranked by " + ("the speedup weighted by each kernel's share of time, then " if weighted else "") +

@@ -63,7 +63,7 @@ def run_box(s: RunSource, validation: ModelValidation | None = None) -> AnswerBo
 
 def import_box(s: ImportSource) -> AnswerBox:
     box = AnswerBox(f"{s.slug}-answer", s.label, "Nsight Compute report", "ncu")
-    k = s.kview.drop(index=ncu.without_data(s.kview).index)
+    k = s.kview_per_table.drop(index=ncu.without_data(s.kview).index)
     long = ncu.weighted_stalls(s.kview)
     tops = ncu.kernel_top_stalls(long)
     stalls = dict(zip(tops["kernel_id"], tops["top_stalls"])) if not tops.empty else {}
@@ -77,11 +77,12 @@ def comparison_box(pair: Pair) -> AnswerBox | None:
     each side and the largest change (None when a side has no profiled kernel)."""
     if not isinstance(pair.a, ImportSource) or not isinstance(pair.b, ImportSource):
         return None
-    a, b = pair.a.kview, pair.b.kview
+    a, b = pair.a.kview_per_table, pair.b.kview_per_table   # per table when a run's points say so
     if a.empty or b.empty or "duration_ns" not in a.columns or "duration_ns" not in b.columns:
         return None
     matched = analyze.match_kernels(a, b, [], pair.pairs)
-    d = analyze.kernel_deltas(a, b, matched, ["duration_ns"]).dropna(subset=["a", "b"])
+    d = analyze.kernel_deltas(a, b, matched, ["duration_ns"])
+    d = d.dropna(subset=["a", "b"]) if not d.empty else d   # no kernel paired: no delta columns either
     box = AnswerBox(f"{pair.slug}-answer", pair.label, "comparison", "ncu")
     alone = int(matched["match"].astype(str).str.startswith("only").sum())
     if d.empty:

@@ -41,8 +41,14 @@ __all__ = [
     "precision_grid_figure", "cache_hit_figure", "host_time_figure", "host_bytes_figure", "why_figure", "format_rate",
 ]
 
-WIDTH_IN = 8.0   # every figure is this wide; heights follow the data
-DPI = 100
+#: a figure is 800 px wide and shown at about 540 (two per row, or in a card half a row wide);
+#: drawn on a canvas SCALE times as large in inches at 1/SCALE the DPI, its text keeps about
+#: 10 px when shown, where 800 px of 8 inches at 100 DPI shrank 9 pt labels to 8 px
+SCALE = 0.8
+WIDTH_IN = 8.0 * SCALE   # every figure is this wide; heights follow the data (in the 8-inch units, times SCALE)
+DPI = 100 / SCALE
+#: the two figures drawn across a whole row (memory chart, warp stalls): shown at their own size, so unscaled
+ROW_WIDTH_IN, ROW_DPI = 10.0, 100
 FONT = 9
 
 #: presentation order of the technique family and of the hotness levels
@@ -73,14 +79,16 @@ def png(fig: Figure) -> bytes:
 
 def stamp(fig: Figure, text: str, color: str = "#b3261e") -> Figure:
     """Write a provenance warning into the figure itself (top right), so that it stays
-    with the image when the figure is copied out of the report."""
-    fig.text(0.99, 0.985, _text(text, 80), ha="right", va="top", fontsize=FONT, fontweight="bold", color=color,
-             bbox={"boxstyle": "round,pad=0.25", "facecolor": "white", "edgecolor": color, "linewidth": 0.8})
+    with the image when the figure is copied out of the report. It is the figure's
+    suptitle, so the layout keeps a line for it above the title instead of drawing it over
+    a long one."""
+    fig.suptitle(_text(text, 80), x=0.99, ha="right", fontsize=FONT, fontweight="bold", color=color,
+                 bbox={"boxstyle": "round,pad=0.25", "facecolor": "white", "edgecolor": color, "linewidth": 0.8})
     return fig
 
 
 def _figure(height_in: float) -> tuple[Figure, object]:
-    fig = Figure(figsize=(WIDTH_IN, max(1.8, min(height_in, 30.0))), dpi=DPI, layout="constrained")
+    fig = Figure(figsize=(WIDTH_IN, SCALE * max(1.8, min(height_in, 30.0))), dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
     return fig, fig.add_subplot(1, 1, 1)
 
@@ -189,7 +197,9 @@ def grouped_bars(df: pd.DataFrame, *, group: str, series: str, value: str, err: 
     if ylim:
         ax.set_ylim(*ylim)
     _style(ax, title, ylabel)
-    _legend(ax, ncols=min(4, n + (1 if ref_label else 0)), loc="upper left", bbox_to_anchor=(0, -0.12))
+    wide_label = max((len(x) for x in [*series_names, ref_label or ""]), default=0) > 16   # keep the legend inside
+    _legend(ax, ncols=min(3 if wide_label else 4, n + (1 if ref_label else 0)), loc="upper left",
+            bbox_to_anchor=(0, -0.12))
     return fig
 
 
@@ -336,7 +346,7 @@ def register_sweep_figure(sweep: pd.DataFrame, title: str = "Register sweep") ->
     """Theoretical occupancy (solid) and spill bytes per thread (dashed) against the
     -maxrregcount cap, one panel per architecture; variants compiling to the same curve share a line."""
     archs = sorted(sweep["arch"].unique())
-    fig = Figure(figsize=(WIDTH_IN, 3.9 * len(archs)), dpi=DPI, layout="constrained")
+    fig = Figure(figsize=(WIDTH_IN, SCALE * 3.9 * len(archs)), dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
     for a_i, arch in enumerate(archs):
         ax = fig.add_subplot(len(archs), 1, a_i + 1)
@@ -487,14 +497,14 @@ WHY_TERMS = (("latency_us", "latency (memory waits)", "#d62728"), ("dram_us", "D
 
 def why_figure(rows: pd.DataFrame, title: str) -> Figure:
     """The model's "why" per variant for one GPU and dataset: each term the predicted time
-    is the largest of (latency, DRAM, L2, L1 bandwidth, issue, in µs per table launch),
+    is the largest of (latency, DRAM, L2, L1 bandwidth, issue, in µs per table),
     the term that sets the time drawn solid and the others faint, with the predicted L1
     and L2 hit rates beside each variant."""
     terms = [t for t in WHY_TERMS if t[0] in rows.columns]
     variants = order_variants(rows["variant"])
     d = rows.drop_duplicates("variant").set_index("variant")
     n = max(1, len(terms))
-    fig, ax = _figure(1.1 + 0.16 * n * len(variants))
+    fig, ax = _figure(1.1 + 0.12 * n * len(variants))
     step = n * 0.18 + 0.3
     y0 = np.arange(len(variants))[::-1] * step
     top = 0.0
@@ -518,7 +528,7 @@ def why_figure(rows: pd.DataFrame, title: str) -> Figure:
             ax.annotate(", ".join(hits), (top * 1.02, y), va="center", fontsize=FONT - 2, color="#333333")
     ax.set_yticks(y0, [_text(v, 16) for v in variants])
     ax.set_xlim(0, top * 1.32 if top > 0 else 1)
-    _style(ax, title, None, "predicted µs per table launch (the time is the largest term + launch overhead)")
+    _style(ax, title, None, "predicted µs per table (the time is the largest term + launch overhead)")
     ax.grid(axis="x", color="#dddddd", linewidth=0.6)
     ax.grid(axis="y", visible=False)
     _legend(ax, loc="upper left", bbox_to_anchor=(0, -0.14), ncols=3)
@@ -544,7 +554,7 @@ def e2e_stage_figure(rows: pd.DataFrame, stages: Sequence[str], title: str) -> F
     ax.set_yticks(range(len(variants)), variants)
     ax.invert_yaxis()
     _style(ax, title, xlabel="time per batch (ms)")
-    _legend(ax, ncols=4, loc="upper left", bbox_to_anchor=(0, -0.18))
+    _legend(ax, ncols=3, loc="upper left", bbox_to_anchor=(0, -0.18))
     return fig
 
 
@@ -625,8 +635,7 @@ def kernel_duration_figure(w: pd.DataFrame, title: str) -> Figure:
     ax.set_xlim(0, (vals.max() if len(vals) else 1) * 1.15)
     _style(ax, title, None, f"duration ({unit}, linear); labels: share of the summed duration")
     ax.grid(axis="x", color="#dddddd", linewidth=0.6)
-    ax.grid(axis="y", visible=False)
-    _legend(ax, loc="lower right", bbox_to_anchor=(1.0, 1.0))
+    ax.grid(axis="y", visible=False)   # the axis label names the bars: no legend to crowd the title
     return fig
 
 
@@ -641,7 +650,7 @@ def kernel_occupancy_figure(w: pd.DataFrame, title: str) -> Figure:
     ax.barh(y - 0.2, d["achieved_occupancy_pct"], 0.4, label="achieved", color="#1f77b4")
     ax.set_yticks(y, _labels(d))
     waves = d["waves_per_sm"] if "waves_per_sm" in d.columns else pd.Series(np.nan, index=d.index)
-    ax.set_xlim(0, 125 if waves.notna().any() else 105)
+    ax.set_xlim(0, 135 if waves.notna().any() else 105)   # room for the waves beside the bars
     ax.set_xticks(range(0, 101, 20))
     for yy, wv in zip(y, waves):
         if pd.notna(wv):
@@ -691,7 +700,7 @@ def weighted_stall_figure(long: pd.DataFrame, reasons: Sequence[str], title: str
     kernels = long.drop_duplicates(key)
     order = kernels.assign(_w=long.groupby(key, sort=False)["stall_cycles"].transform("sum").loc[kernels.index])
     order = order.sort_values("_w", ascending=False, kind="stable")
-    fig = Figure(figsize=(WIDTH_IN + 2.0, max(2.2, 1.3 + 0.34 * len(order))), dpi=DPI, layout="constrained")
+    fig = Figure(figsize=(ROW_WIDTH_IN, max(2.2, 1.3 + 0.34 * len(order))), dpi=ROW_DPI, layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, 2, sharey=True, width_ratios=(3, 2))
     y = np.arange(len(order))[::-1]
@@ -740,7 +749,7 @@ def sol_figure(k: pd.DataFrame, title: str, bound_pct: float = 60.0, detail: boo
     the kernel; both below it means latency-bound. Rows: `label` (or variant · dataset)."""
     bars = [b for b in (_SOL_BARS if detail else _SOL_BARS[:2]) if b[0] in k.columns]
     n = len(bars)
-    fig, ax = _figure(1.5 + (0.13 * n + 0.1) * len(k))
+    fig, ax = _figure(1.5 + (0.11 * n + 0.1) * len(k))
     y = np.arange(len(k))[::-1] * (n * 0.2 + 0.3)
     for i, (col, label, color) in enumerate(bars):
         ax.barh(y + (n / 2 - i - 0.5) * 0.2, k[col].fillna(0).to_numpy(), 0.18, label=label, color=color)
@@ -751,8 +760,10 @@ def sol_figure(k: pd.DataFrame, title: str, bound_pct: float = 60.0, detail: boo
     _style(ax, title, None, "throughput (% of peak sustained)")
     ax.grid(axis="x", color="#dddddd", linewidth=0.6)
     ax.grid(axis="y", visible=False)
-    _legend(ax, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncols=min(n + 1, 6))
-    ax.set_title(_text(title, 110), fontsize=FONT + 1, loc="left", pad=22)
+    ncols = min(n + 1, 4)
+    _legend(ax, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncols=ncols)
+    rows = -(-(n + 1) // ncols)   # the legend's rows above the axes, under the title
+    ax.set_title(_text(title, 110), fontsize=FONT + 1, loc="left", pad=8 + 13 * rows)
     return fig
 
 
@@ -760,7 +771,7 @@ def memory_chart_figure(r: Mapping, title: str) -> Figure:
     """ncu's Memory Workload Analysis chart for one kernel: the SM, L1/TEX, L2 and DRAM
     as boxes with hit rates; arrows carry requests, sectors and bytes, reads above and
     writes below. Missing values read '–'; a level without traffic says so."""
-    fig = Figure(figsize=(WIDTH_IN + 2.0, 2.7), dpi=DPI)
+    fig = Figure(figsize=(ROW_WIDTH_IN, 2.7), dpi=ROW_DPI)
     FigureCanvasAgg(fig)
     ax = fig.add_axes((0, 0, 1, 0.9))
     ax.set_xlim(0, 10)
@@ -913,7 +924,8 @@ def bandwidth_roofline_figure(points: pd.DataFrame, roofs: pd.DataFrame, title: 
                         textcoords="offset points", va="center", fontsize=FONT - 2, color="#333333")
     ax.set_yticks(y0, [_text(x, 40) for x in labels])
     ax.set_xlim(0, top / scale * 1.22)
-    _style(ax, None, None, f"bytes served per second ({unit}); each bar against its own level's peak")
+    _style(ax)
+    ax.set_xlabel(f"bytes served per second ({unit})\neach bar against its own level's peak", fontsize=FONT)
     ax.grid(axis="x", color="#dddddd", linewidth=0.6)
     ax.grid(axis="y", visible=False)
     _legend(ax, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncols=5)
@@ -925,7 +937,7 @@ def sass_figure(d: pd.DataFrame, title: str) -> Figure:
     """Rows in flight per warp in each variant's hot loop (SASS replay) beside the
     model's assumption (loads in flight), one panel per architecture."""
     archs = sorted(d["arch"].astype(str).unique())
-    fig = Figure(figsize=(WIDTH_IN, 2.9 * len(archs) + 0.5), dpi=DPI, layout="constrained")
+    fig = Figure(figsize=(WIDTH_IN, SCALE * (2.9 * len(archs) + 0.5)), dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
     for i, arch in enumerate(archs):
         ax = fig.add_subplot(len(archs), 1, i + 1)

@@ -20,7 +20,7 @@ from characterize.files import check_output, write_atomic
 from characterize.report.blocks import Cell, Missing, NoteBlock, TableBlock, compact
 from characterize.report.headline import answer_boxes
 from characterize.report.layout import NEEDS, Panel, gpu_command, never_measured
-from characterize.report.panels.catalog import COMPARE_PANELS, IMPORT_PANELS, RUN_PANELS
+from characterize.report.panels.catalog import COMPARE_PANELS, IMPORT_PANELS, IMPORT_TABLE_PANELS, RUN_PANELS
 from characterize.report.provenance import PROVENANCE, Provenance
 from characterize.report.sources import Pair, RunSource, open_source
 from characterize.store import MergedRun, Run, complementary, load_run
@@ -44,6 +44,10 @@ class RenderedPanel:
     needs_gpu: bool = False  # missing only because nothing was measured: listed in the "needs a GPU" box
     section: str = ""
     collapsed: str = ""  # the summary of a panel shown collapsed (the "needs a GPU" box)
+    wide: bool = False  # takes the whole row of the panel grid (see is_wide); else half of it on a wide screen
+    solo: bool = False  # a narrow panel alone in its row: its figure (blocks[solo_at]) beside the rest (_place)
+    solo_at: int = 0
+    tall: bool = False  # a narrow panel with a figure beside two short ones stacked in the other half (_place)
 
 
 @dataclass
@@ -96,10 +100,32 @@ def _render_panel(panel: Panel, src: Any, strict: bool) -> RenderedPanel:
         rp.error = f"{type(e).__name__}: {e}"
         return rp
     rp.blocks = compact(out.blocks)
+    rp.wide = is_wide(rp.blocks)
     rp.modes = out.modes
     if out.provenance is not None:
         rp.provenance = [PROVENANCE[k] for k in out.provenance]
     return rp
+
+
+#: a figure drawn wider than this (the memory chart, the stall chart) needs the whole row
+WIDE_FIGURE_PX = 850
+#: a table shown unfolded with more columns than this needs the whole row
+WIDE_TABLE_COLUMNS = 6
+
+
+def is_wide(blocks: Sequence[Any]) -> bool:
+    """Whether a panel needs the grid's whole row: figures side by side, a figure drawn wider
+    than the others, or a table with many columns shown unfolded. Why: two narrow panels
+    side by side halve the page's height where a figure of 800 px is readable at half
+    width; what would be squeezed (or scroll sideways) keeps the full width. A folded table
+    does not count: opening it widens its panel (report.css)."""
+    for b in blocks:
+        kind = getattr(b, "kind", "")
+        if kind == "figrow" or (kind == "figure" and b.width > WIDE_FIGURE_PX):
+            return True
+        if kind == "table" and len(b.columns) > WIDE_TABLE_COLUMNS:
+            return True
+    return False
 
 
 def _sections(panels: Sequence[Panel], src: Any, strict: bool) -> list[RenderedSection]:
@@ -120,7 +146,42 @@ def _sections(panels: Sequence[Panel], src: Any, strict: bool) -> list[RenderedS
         first.panels.insert(min(len(first.panels), 1), _gpu_box(folded, src))
     for sec in out.values():
         _hoist_provenance(sec)
+        _place(sec.panels)
     return [sec for sec in out.values() if sec.panels]
+
+
+def _figure_at(p: RenderedPanel) -> int | None:
+    """Where a built panel's first figure is among its blocks (None: it shows none)."""
+    if p.missing or p.error or p.collapsed:
+        return None
+    return next((j for j, b in enumerate(p.blocks) if getattr(b, "kind", "") in ("figure", "figrow")), None)
+
+
+def _place(panels: list[RenderedPanel]) -> None:
+    """Walk the grid's rows as a wide screen lays them out, so that no half row stays
+    empty beside a long panel: a narrow panel with a figure followed by two narrow ones
+    without spans two rows, the two stacked beside it (tall); a narrow panel with a figure
+    that would sit alone in its row (the next panel is wide, or there is none) takes the
+    row, its figure on the left and the rest on the right (solo)."""
+    narrow = [not (p.wide or p.collapsed) for p in panels]
+    i, n = 0, len(panels)
+    while i < n:
+        p = panels[i]
+        if not narrow[i]:
+            i += 1
+            continue
+        if (i + 2 < n and narrow[i + 1] and narrow[i + 2] and _figure_at(p) is not None
+                and _figure_at(panels[i + 1]) is None and _figure_at(panels[i + 2]) is None):
+            p.tall = True
+            i += 3
+            continue
+        if i + 1 < n and narrow[i + 1]:
+            i += 2
+            continue
+        at = _figure_at(p)
+        if at is not None and p.blocks[at].kind == "figure":
+            p.wide, p.solo, p.solo_at = True, True, at
+        i += 1
 
 
 def _applies(panel: Panel, src: Any, strict: bool) -> bool:
@@ -143,7 +204,7 @@ def _gpu_box(folded: list[RenderedPanel], src: Any) -> RenderedPanel:
                   "empty here: " + " ".join(reasons)),
         TableBlock(["section", "panel", "what it would show"], rows)]
     rp = RenderedPanel(f"{src.slug}-needs-gpu", f"Needs a GPU: {len(folded)} panels of measurements",
-                       "what a GPU run would add to this report", [], [PROVENANCE["meta"]], "", blocks)
+                       "what a GPU run would add to this report", [], [PROVENANCE["meta"]], "", blocks, wide=True)
     rp.collapsed = (f"Needs a GPU: {len(folded)} more panels of measurements ({', '.join(sections)}); "
                     f"`{gpu_command(src)}` on a GPU machine adds them")
     return rp
@@ -193,7 +254,7 @@ def build_report(sources: Any, *, title: str | None = None, strict: bool = False
                     ", ".join(s.label for s in rest))
     rendered = []
     for src in srcs:
-        panels = RUN_PANELS if src.kind == "run" else IMPORT_PANELS
+        panels = RUN_PANELS if src.kind == "run" else IMPORT_TABLE_PANELS if src.per_table else IMPORT_PANELS
         kind = "run" if src.kind == "run" else "Nsight Compute report"
         rendered.append(RenderedSource(src.slug, src.label, kind, _sections(panels, src, strict)))
     comparisons, pair_list = [], []

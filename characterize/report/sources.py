@@ -302,24 +302,55 @@ class ImportSource:
         self.kview = ncu.kernel_summary(self.metrics)
 
     @cached_property
-    def recorded_modes(self) -> str | None:
-        """The collection modes a run directory recorded for this report (a profile point
-        beside it names it: runs/x/ncu/R.ncu-rep and runs/x/points/profile/*.json), else
-        None: an exported report does not record them."""
+    def profile_points(self) -> list[dict]:
+        """The profile points of the run directory beside the report that name it
+        (runs/x/ncu/R.ncu-rep and runs/x/points/profile/*.json), else []: an exported report
+        has none. They tell the collection modes and how many tables each launch covers."""
         points = self.path.parent.parent / "points" / "profile"
         if self.path.parent.name != "ncu" or not points.is_dir():
-            return None
-        rel = f"ncu/{self.path.name}"
+            return []
+        rel, out = f"ncu/{self.path.name}", []
         for f in sorted(points.glob("*.json")):
             try:
                 pt = json.loads(f.read_text())
             except (OSError, ValueError):
                 continue
             if isinstance(pt, dict) and rel in (pt.get("report"), pt.get("cache_report")):
-                cache, clock = pt.get("cache_control"), pt.get("clock_control")
-                if cache or clock:
-                    return (f"--cache-control {cache or 'not recorded'}, --clock-control {clock or 'not recorded'} "
-                            f"(recorded by the run beside the report: points/profile/{f.name})")
+                out.append({**pt, "_file": f.name})
+        return out
+
+    @cached_property
+    def workload_tables(self) -> int | None:
+        """T of the workload the points beside the report measured (their fingerprint),
+        None without such points: what a batched launch (tbe) of a point that predates
+        `tables_per_launch` covered."""
+        for pt in self.profile_points:
+            t = ((pt.get("fingerprint") or {}).get("workload") or {}).get("T")
+            if isinstance(t, (int, float)) and not isinstance(t, bool) and t >= 1:
+                return int(t)
+        return None
+
+    @property
+    def per_table(self) -> bool:
+        """Whether the report's times, bytes and counts can be told per table: a run's points
+        beside it say what each launch covered (else they stay per launch)."""
+        return bool(self.profile_points)
+
+    @cached_property
+    def kview_per_table(self) -> pd.DataFrame:
+        """kview with each batched launch divided by the tables it covers (analysis.ncu.per_table;
+        unchanged for a report no run's points describe)."""
+        return ncu.per_table(self.kview, self.profile_points, self.workload_tables)
+
+    @cached_property
+    def recorded_modes(self) -> str | None:
+        """The collection modes the run directory beside the report recorded for it (the
+        first profile point naming it), else None: an exported report does not record them."""
+        for pt in self.profile_points:
+            cache, clock = pt.get("cache_control"), pt.get("clock_control")
+            if cache or clock:
+                return (f"--cache-control {cache or 'not recorded'}, --clock-control {clock or 'not recorded'} "
+                        f"(recorded by the run beside the report: points/profile/{pt['_file']})")
         return None
 
     @cached_property

@@ -143,10 +143,37 @@ def test_an_imported_report_keeps_its_fp_roofline_and_stays_per_launch(imported)
     assert "FP roofline" in words(part) and "Bandwidth roofline" in words(part) and len(images(part)) == 2
     heads, _ = table(part, "Bandwidth per memory level per kernel")
     assert "L1 bytes/s" in heads   # the full section set counts L1 sectors
-    for pid in ("sol", "memory", "kernels"):
-        assert "per launch" in words(panel_html(imported, f"s2-{pid}")), pid
-    assert "tbe: one launch covers every table of a batch, and this source records no table count" in \
-        words(panel_html(imported, "s2-memory"))
+    for pid in ("sol", "memory", "kernels"):   # the probe has no run beside it: nothing says what a launch covered
+        assert "per launch" in words(panel_html(imported, f"s1-{pid}")), pid
+
+
+def test_a_lone_report_of_a_run_is_per_table(imported):
+    """tbe's .ncu-rep of the H200 run, reported alone: the points beside it (paper-gpu/points/
+    profile) say its launches cover the workload's 12 tables, so every panel and the answer
+    give 40.3 us and 149.7 MiB per table, never the launch's 484 us and 1.8 GiB."""
+    text = words(imported)
+    assert "484" not in text and "1.8 GiB" not in text
+    assert "The kernel that matters is #0 chz_tbe_kernel (1 of 2): 40.3 µs" in text
+    assert "records no table count" not in text
+    for pid in ("time", *NCU_PANELS):
+        part = words(panel_html(imported, f"s2-{pid}"))
+        assert "per launch" not in part.replace("tables per launch", ""), pid
+    heads, rows = table(panel_html(imported, "s2-time"), "Kernels by time")
+    assert {"duration per table (µs)", "DRAM read per table"} <= set(heads)
+    assert rows[0]["duration per table (µs)"] == "40.3" and rows[0]["DRAM read per table"] == "149.7 MiB"
+    heads, rows = table(panel_html(imported, "s2-kernels"), "One row per profiled kernel")
+    assert rows[0]["duration per table (µs)"] == "40.3"
+    heads, rows = table(panel_html(imported, "s2-memory"), "Memory workload per kernel")
+    assert rows[0]["DRAM read per table"] == "149.7 MiB"
+
+
+def test_two_lone_reports_of_a_run_compare_per_table():
+    """base's and tbe's reports compared: both per table (145 us against 40.3 us), and the
+    page keeps its first box when nothing pairs up by itself."""
+    files = [H200 / "paper-gpu" / "ncu" / "base.ncu-rep", H200 / "paper-gpu" / "ncu" / "tbe.ncu-rep"]
+    text = words(report_html(files, strict=True, pairs=["base/random=tbe/random"]))
+    assert "145 µs → 40.3 µs (-72.2%)" in text and "484" not in text
+    assert "No kernel of tbe.ncu-rep pairs up" in words(report_html(files, strict=True))
 
 
 def test_waves_per_sm_and_dram_bandwidth_are_shown(page):
@@ -240,3 +267,20 @@ def test_a_report_of_a_run_says_the_modes_its_point_file_recorded():
     assert "ncu&#39;s defaults" not in page and "ncu's defaults" not in words(page)
     probe = report_html([H200 / "ncu-probe" / "panels.ncu-rep"], strict=True)
     assert "ncu's defaults: --cache-control all" in words(probe)
+
+
+def test_the_model_panels_are_per_table(page):
+    """predictions.csv holds tbe's launch (450 us on random, 12 tables); beside the
+    measurements per table (40.1 us) the model panels state it per table (37.5 us), so
+    predicted against measured sits near the diagonal, not 12 times above it."""
+    part = panel_html(page, "s1-predicted-vs-measured")
+    heads, rows = table(part, "steady: prediction against measurement")
+    tbe = row(rows, variant="tbe", dataset="random")
+    assert tbe["predicted (µs)"] == "37.5" and tbe["measured (µs)"].startswith("40.1")
+    assert all(abs(float(r["error"].rstrip("%"))) < 60 for r in rows)
+    heads, rows = table(panel_html(page, "s1-predictions"), "PREDICTED by the model")
+    assert {"predicted time per table (µs)", "predicted DRAM bytes per table"} <= set(heads)
+    tbe = row(rows, variant="tbe", dataset="random", GPU="h200")
+    assert tbe["predicted time per table (µs)"] == "37.5" and tbe["predicted DRAM bytes per table"] == "137.0 MiB"
+    heads, rows = table(panel_html(page, "s1-why"), "PREDICTED, per table")
+    assert float(row(rows, variant="tbe", dataset="random", GPU="h200")["dram (µs)"]) < 40

@@ -17,5 +17,7 @@ RUN_PANELS: tuple[Panel, ...] = (*overview.PANELS, *locality.PANELS, *static.PAN
                                  *overview.FAILURE_PANELS)
 #: an imported .ncu-rep or CSV export: the file, where its time goes, Nsight Compute (one row per kernel)
 IMPORT_PANELS: tuple[Panel, ...] = (*imports.PANELS, *nsight.ncu_panels(nsight.KERNELS))
+#: a report inside a run directory, whose profile points say the tables each launch covered: per table
+IMPORT_TABLE_PANELS: tuple[Panel, ...] = (*imports.PANELS, *nsight.ncu_panels(nsight.KERNELS_PER_TABLE))
 
-__all__ = ["RUN_PANELS", "IMPORT_PANELS", "COMPARE_PANELS"]
+__all__ = ["RUN_PANELS", "IMPORT_PANELS", "IMPORT_TABLE_PANELS", "COMPARE_PANELS"]

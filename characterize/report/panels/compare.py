@@ -85,8 +85,11 @@ def _same(pair: Pair) -> bool:
 
 
 def _kernels(src: Any) -> pd.DataFrame:
-    """A side's kernels, one row per launch; a run's per table (analyze.per_table_kernels)."""
-    return analyze.per_table_kernels(src.kview, src.run) if isinstance(src, RunSource) else src.kview
+    """A side's kernels, one row per launch; a run's per table (analyze.per_table_kernels), and
+    so a report's whose run's points sit beside it (ImportSource.kview_per_table)."""
+    if isinstance(src, RunSource):
+        return analyze.per_table_kernels(src.kview, src.run)
+    return src.kview_per_table.assign(per="table") if src.per_table else src.kview
 
 
 def _kernel_pairs(pair: Pair) -> analyze.KernelPairs:
@@ -111,7 +114,7 @@ def _modes(pair: Pair) -> str:
             out.append(f"{side.label}: " + ("; ".join(side.ncu_mode(st["cache_control"], st["clock_control"])
                                                       for st in side.ncu_settings) or "no profiled points"))
         else:
-            out.append(f"{side.label}: ncu collection modes not recorded in the report")
+            out.append(f"{side.label}: " + (side.recorded_modes or "ncu collection modes not recorded in the report"))
     return " | ".join(out)
 
 

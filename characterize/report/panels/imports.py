@@ -42,9 +42,14 @@ NOT_RECORDED = "not recorded in the report (ncu's defaults: --cache-control all,
 
 # ------------------------------------------------------------------ helpers
 def _measured(s: ImportSource) -> pd.DataFrame:
-    """Kernels that carry values (a kernel whose profile failed is named in the summary)."""
-    k = s.kview
-    return k.drop(index=ncu.without_data(k).index)
+    """Kernels that carry values (a kernel whose profile failed is named in the summary), per
+    table when the run's points beside the report say what each launch covered."""
+    return s.kview_per_table.drop(index=ncu.without_data(s.kview).index)
+
+
+def _scope(s: ImportSource) -> str:
+    """What a time or byte count of the report is counted over."""
+    return "per table" if s.per_table else "per launch"
 
 
 def _top_stalls(s: ImportSource) -> dict[Any, Any]:
@@ -78,21 +83,28 @@ def _i_time(s: ImportSource) -> PanelOutput:
     answer = first_answer(k, stalls)
     if answer:
         blocks.append(NoteBlock(answer))
-    blocks.append(figure_block(kernel_duration_figure(k, "Where the time goes: duration per kernel"),
-                               "Duration per kernel", "linear axis: bar length is time; labels: share of the "
-                               "summed kernel duration"))
+    scope = _scope(s)
+    blocks.append(figure_block(kernel_duration_figure(k, f"Where the time goes: duration per kernel, {scope}"),
+                               "Duration per kernel", f"linear axis: bar length is time {scope}; labels: share of "
+                               "the summed kernel duration"))
     d = ncu.slowest(k, len(k))
     spec = [("kernel", lambda r: Cell(r["label"], "kname", detail=as_text(r.get("kernel_name")))),
-            ("duration (µs)", lambda r: Cell(fmt_num(r.get("duration_ns", np.nan) / 1e3), "num")),
+            (f"duration {scope} (µs)", lambda r: Cell(fmt_num(r.get("duration_ns", np.nan) / 1e3), "num")),
             ("share of time", lambda r: share_cell(r.get("time_share_pct"))),
             ("bound", lambda r: Cell(as_text(r.get("bound")), "", title=as_text(r.get("bound_why")))),
             ("SM / memory (% of peak)", lambda r: Cell(f"{fmt_pct(r.get('sm_throughput_pct'))} / "
                                                        f"{fmt_pct(r.get('memory_throughput_pct'))}", "num")),
             ("top stalls (cycles per issued instruction, share of its stalls)",
              lambda r: Cell(stall_text(stalls.get(r["kernel_id"])), "")),
-            ("DRAM read", column_cell("dram_bytes_read", format_bytes)),
-            ("DRAM written", column_cell("dram_bytes_write", format_bytes))]
+            (f"DRAM read {scope}", column_cell("dram_bytes_read", format_bytes)),
+            (f"DRAM written {scope}", column_cell("dram_bytes_write", format_bytes))]
     blocks.append(table_block(d, spec, caption="Kernels by time, longest first"))
+    many = k[k["tables_per_launch"] > 1] if "tables_per_launch" in k.columns else k[:0]
+    if not many.empty:
+        blocks.append(NoteBlock("Per table: " + ", ".join(dict.fromkeys(
+            f"{r['label']} ({r['tables_per_launch']:.0f} tables per launch)" for r in many.to_dict("records"))) +
+            " divided by their tables, as the run's points beside the report record them; shares of time are of "
+            "the summed durations per table."))
     return PanelOutput(blocks)
 
 
@@ -109,6 +121,7 @@ PANELS: tuple[Panel, ...] = (
     Panel("summary", "Report file", S_OVERVIEW, (), ("ncu",),
           "the file as read by extract.read_any (ncu_report for .ncu-rep, the CSV reader for exports)", _modes(_i_summary)),
     Panel("time", "Where the time goes", S_OVERVIEW, ("kernels",), ("ncu",),
-          "gpu__time_duration per kernel, its share of the summed duration, the bound from the speed of light and "
-          "each kernel's largest stall (analysis.ncu)", _modes(_i_time)),
+          "gpu__time_duration per kernel (per table when the run's points beside the report say what a launch "
+          "covered: analysis.ncu.per_table), its share of the summed duration, the bound from the speed of light "
+          "and each kernel's largest stall (analysis.ncu)", _modes(_i_time)),
 )

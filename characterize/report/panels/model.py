@@ -56,7 +56,7 @@ from characterize.report.plots import (
 )
 from characterize.report.provenance import PROVENANCE
 from characterize.report.sources import RunSource
-from characterize.report.views import prediction_gpus
+from characterize.report.views import prediction_gpus, predictions_per_table
 from characterize.units import format_bytes
 
 
@@ -148,22 +148,23 @@ def _p_predictions(s: RunSource) -> PanelOutput:
             blocks.append(_predicted_headline(d, gpu, claims))
     spec = list(POINT_COLS)
     for col, head, f in (("gpu", "GPU", as_text), ("arch", "arch", as_text),
-                         ("time_us", "predicted time (µs)", fmt_num),
+                         ("time_us", "predicted time per table (µs)", fmt_num),
                          ("time_us_low", "band low (µs)", fmt_num), ("time_us_high", "band high (µs)", fmt_num),
                          ("speedup_vs_base", "predicted vs base", fmt_x),
                          ("l2_hit_rate_pct", "predicted L2 hit", fmt_pct),
-                         ("dram_bytes", "predicted DRAM bytes", format_bytes),
-                         ("l2_bytes", "predicted L2 bytes", format_bytes),
+                         ("dram_bytes", "predicted DRAM bytes per table", format_bytes),
+                         ("l2_bytes", "predicted L2 bytes per table", format_bytes),
                          ("bound", "bound by", as_text), ("constants", "constants", as_text),
                          ("note", "note", as_text)):
         if col in p.columns:
             spec.append((head, column_cell(col, f, "num" if f is not as_text else "")))
     blocks.append(DetailsBlock(f"Prediction table ({len(p)} rows)", [table_block(
-        ordered_rows(p), spec, caption="PREDICTED by the model; the band spans the latency and bandwidth constants "
-                                       "over their published ranges")]))
+        ordered_rows(predictions_per_table(p)), spec, caption="PREDICTED by the model; the band spans the latency "
+        "and bandwidth constants over their published ranges; times and bytes per table (a launch covering every "
+        "table, tbe's, divided by the tables)")]))
     v = s.run.model_validation
     if not v.empty and claims:
-        vspec = [(c, column_cell(c, as_text)) for c in ("claim", "paper", "model", "agrees", "gpu", "constants")
+        vspec = [(c, column_cell(c, as_text, "")) for c in ("claim", "paper", "model", "agrees", "gpu", "constants")
                  if c in v.columns]
         blocks.append(table_block(v, vspec, caption="The model against the MICRO 2024 paper's A100 claims (paper "
                                                     "configuration on sm_80; model PREDICTIONS vs published "
@@ -183,11 +184,13 @@ def _p_why(s: RunSource) -> PanelOutput:
         p = p[p["mode"] == "steady"]
     if "cache_ratio" in p.columns:
         p = p[p["cache_ratio"].isna()]   # host-resident rows have their own split (host panels)
+    p = predictions_per_table(p)
     datasets = order_datasets(p["dataset"].unique())
     first = "medium" if "medium" in datasets else datasets[len(datasets) // 2]
-    blocks: list[Any] = [NoteBlock("Model predictions, not measurements: the predicted time of a table launch is its "
-                                   "largest term (solid bar) plus the launch overhead; the faint bars are the terms "
-                                   "that do not limit it.", "prediction")]
+    blocks: list[Any] = [NoteBlock("Model predictions, not measurements: the predicted time of a table is its largest "
+                                   "term (solid bar) plus the launch overhead; the faint bars are the terms that do "
+                                   "not limit it (a launch covering every table, tbe's, divided by the tables).",
+                                   "prediction")]
     for i, gpu in enumerate(prediction_gpus(s, p)[:2]):   # one dataset drawn; every one in the table below
         g = p[p["gpu"].astype(str) == gpu] if gpu else p
         fig = figure_block(why_figure(g[g["dataset"] == first], f"Why: the model's terms, {first}, {gpu}"),
@@ -199,7 +202,7 @@ def _p_why(s: RunSource) -> PanelOutput:
         [(f"{lv} hit", column_cell(f"{lv.lower()}_hit_rate_pct", fmt_pct)) for lv in ("L1", "L2")
          if f"{lv.lower()}_hit_rate_pct" in p.columns]
     blocks.append(DetailsBlock(f"The terms as numbers, every dataset ({len(p)} rows)", [table_block(
-        ordered_rows(p), spec, caption="PREDICTED, per table launch")]))
+        ordered_rows(p), spec, caption="PREDICTED, per table")]))
     return PanelOutput(blocks)
 
 
@@ -217,6 +220,7 @@ def _p_predicted_vs_measured(s: RunSource) -> PanelOutput:
         p = p[p["gpu"].astype(str) == key]
     if p.empty:
         raise Missing(f"predictions.csv has no rows for this run's GPU ({key})")
+    p = predictions_per_table(p)   # the measurements are per table, tbe's launch divided by its tables
     blocks: list[Any] = []
     for mode in s.modes:
         meas = analyze.speedups(s.bench_ok, mode, against=())
@@ -234,6 +238,7 @@ def _p_predicted_vs_measured(s: RunSource) -> PanelOutput:
         spec = [*POINT_COLS,
                 ("measured (µs)", lambda r: Cell(fmt_ci(r["measured_us"], r["latency_ci95_us"]), "num")),
                 ("predicted (µs)", column_cell("predicted_us")), ("error", column_cell("error_pct", fmt_pct))]
+        # both per table: a launch covering every table (tbe's) divided by the tables, measured and predicted
         blocks.append(table_block(m, spec, caption=f"{mode}: prediction against measurement",
                                   note=f"geometric mean of |relative error| (GMAE, model.gmae): {gm:.1f}%"))
     k = s.lookup

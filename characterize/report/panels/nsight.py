@@ -9,14 +9,16 @@ parameterized by what one row is (its grain):
 
 Every time, byte, instruction and stall quantity is per table (analysis.ncu.per_table: a
 batched launch such as tbe's is divided by the tables it covers) and its column says so;
-an imported report records no table count, so its values are per launch. Bytes are
+an exported report records no table count, so its values are per launch, while a report
+that a run's profile points sit beside (runs/x/ncu/R.ncu-rep) is per table like the run
+(KERNELS_PER_TABLE). Bytes are
 written in binary units (KiB, MiB, GiB, TiB; bandwidths in GiB/s and TiB/s), as
 characterize.units.format_bytes writes them everywhere.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import numpy as np
@@ -113,10 +115,12 @@ class Grain:
 # ------------------------------------------------------------ per table
 def _tables(s: Any) -> tuple[list[dict], Any]:
     """What tells a source's tables per launch: its profile points and its workload's T
-    (the run's meta.json experiment); an imported report has neither."""
+    (the run's meta.json experiment; for a report inside a run directory, the points beside
+    it and their workload); an exported report has neither."""
     points = list(getattr(s, "profile_points", None) or [])
     meta = getattr(s, "meta", None) or {}
-    return points, ((meta.get("experiment") or {}).get("workload") or {}).get("T")
+    return points, ((meta.get("experiment") or {}).get("workload") or {}).get("T") or \
+        getattr(s, "workload_tables", None)
 
 
 def _per_table(s: Any, k: pd.DataFrame) -> pd.DataFrame:
@@ -179,6 +183,8 @@ KERNELS = Grain("kernel", "kernel(s)",
                 (("kernel", lambda r: Cell(as_text(r.get("label")), "kname", detail=as_text(r.get("kernel_name")))),),
                 _kernel_groups, _kernel_rules, lambda s: getattr(s, "recorded_modes", None) or NOT_RECORDED,
                 summary_figures=False, scope="per launch")
+#: a report inside a run directory: its points say what each launch covered, so per table like the run
+KERNELS_PER_TABLE = replace(KERNELS, scope="per table")
 
 
 # -------------------------------------------------------------------- points
