@@ -127,6 +127,21 @@ def test_occupancy_counts_in_whole_rounds_of_blocks_on_the_busiest_sm():
     assert all(r["resident_warps"] == pytest.approx(1024 * 8 / 132 / r["waves"]) for r in by_blocks.values())
 
 
+def test_a_grid_smaller_than_the_gpu_issues_and_reads_l1_on_the_sms_it_holds():
+    """warp gives each bag a warp, 8 to a block: 256 or 512 bags make 32 or 64 blocks, one per SM
+    on 132 SMs, so each SM that holds a block does the same work and the issue and L1 terms
+    stay (the other SMs idle); from 132 blocks on, the busiest SM's share of them sets them.
+    (Measured on an H200, profiles/h200 shape d: warp's 64 blocks of int8 rows took 19-21 us,
+    predicted 9-11 us while the issue term spread their instructions over all 132 SMs.)"""
+    wl = SMALL.replace(E=500_000, L=60, T=1, batches=2)
+    rows = {B: MP.predict(wl.replace(B=B), ["random"], ["warp"], ["h100-sxm"], static=static(),
+                          sass=sass()).iloc[0] for B in (256, 512, 132 * 8, 264 * 8)}
+    for term in ("issue_us", "l1_us"):
+        assert rows[256][term] == pytest.approx(rows[512][term], rel=0.02)
+        assert rows[512][term] == pytest.approx(rows[132 * 8][term], rel=0.02)
+        assert rows[264 * 8][term] == pytest.approx(2 * rows[132 * 8][term], rel=0.02)
+
+
 def test_pcie_and_sxm_differ_by_their_resources_not_by_a_wave():
     wl = SMALL.replace(E=5_000_000, B=2048, L=150, T=1, batches=2)
     df = MP.predict(wl, ["random"], ["torch"], ["h100-sxm", "h100-pcie"], static=static(), sass=sass())

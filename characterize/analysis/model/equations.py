@@ -109,9 +109,10 @@ def evaluate_point(p: ModelPoint, c: ModelConstants) -> dict[str, Any]:
         "latency": latency_ns,
         "dram": dram_ns,                                              # GB/s == bytes/ns
         "l2": l2_bytes / gpu.l2_GBps,
-        "l1": l1_bytes / (c.l1_efficiency * gpu.l1_bytes_per_clk * gpu.sm_count * clk),
+        # an SM's L1 and schedulers serve its own blocks only: the busiest SM's share of the work sets them
+        "l1": l1_bytes * p.busiest_share / (c.l1_efficiency * gpu.l1_bytes_per_clk * clk),
         # four schedulers per SM could issue four warp instructions a cycle; a gather's loop reaches issue_ipc
-        "issue": p.tasks * p.task_instructions / (c.issue_ipc * gpu.sm_count * clk),
+        "issue": p.tasks * p.task_instructions * p.busiest_share / (c.issue_ipc * clk),
     }
     # the terms contend for the same warps, schedulers and memory system: they add up as a k-norm
     kernel_ns = norm(terms_ns.values(), c.overlap)
