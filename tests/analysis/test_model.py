@@ -263,6 +263,19 @@ def test_sectors_and_capacities():
     assert LOC.sectors_per_row(4) == 1
 
 
+def test_distances_read_as_hit_rates_count_first_and_sort_when_read_often():
+    """A few capacities are counted on the unsorted distances; past SORT_AFTER reads they are
+    sorted once; either way the hit rate is the sorted array's (infinite distances miss)."""
+    rng = np.random.default_rng(0)
+    values = rng.exponential(1e6, 10_000)
+    values[::7] = np.inf
+    d, ordered = LOC.Distances(values), np.sort(values)
+    caps = rng.uniform(0, 3e6, 3 * LOC.Distances.SORT_AFTER).tolist() + [0.0, float(values[3]), np.inf]
+    for cap in caps:
+        assert LOC.hit_fraction(d, cap) == LOC.hit_fraction(ordered, cap)
+    assert d.ordered is not None and LOC.hit_fraction(LOC.Distances(np.empty(0)), 1.0) == 0.0
+
+
 def test_gmae_definition():
     assert gmae([1.1, 0.9], [1.0, 1.0]) == pytest.approx(0.1)
     assert gmae([1.2, 1.0], [1.0, 1.0]) == pytest.approx(np.sqrt(0.2 * 1e-4))  # exact points floored at 0.01%
