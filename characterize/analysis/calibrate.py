@@ -171,9 +171,10 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     return 1 / (1 + np.exp(-x))
 
 
-def least_squares(residuals: Callable[[np.ndarray], np.ndarray], x0: np.ndarray, iterations: int = 60
-                  ) -> np.ndarray:
-    """Levenberg-Marquardt with central-difference Jacobians (a few parameters only)."""
+def least_squares(residuals: Callable[[np.ndarray], np.ndarray], x0: np.ndarray, iterations: int = 60,
+                  tol: float = 1e-12) -> np.ndarray:
+    """Levenberg-Marquardt with central-difference Jacobians (a few parameters only); stops when
+    a step lowers the cost by less than `tol` of it."""
     x, r = x0.copy(), residuals(x0)
     cost, lam, h = float(r @ r), 1e-2, 1e-3
     for _ in range(iterations):
@@ -189,7 +190,7 @@ def least_squares(residuals: Callable[[np.ndarray], np.ndarray], x0: np.ndarray,
             r_new = residuals(x + step)
             c_new = float(r_new @ r_new)
             if c_new < cost:
-                improved = cost - c_new > 1e-12 * max(cost, 1e-30)
+                improved = cost - c_new > tol * max(cost, 1e-30)
                 x, r, cost, lam = x + step, r_new, c_new, max(lam / 3, 1e-9)
                 break
             lam *= 4

@@ -175,6 +175,7 @@ def validate(write: bool, add_runs: tuple[Path, ...], as_json: bool) -> None:
     cross-validation; the published constants' errors beside them. Then our own GPU runs
     (measured_here.csv, `--add-run` appends one): per run, regime and variant, each dataset
     and each run held out, the fastest variant per group, and the bands per regime."""
+    from characterize.analysis.validation import BAND_NOMINAL
     from characterize.cli.base import TerminalReporter, echo_err, print_rows
     from characterize.pipeline import validate as run_validate
 
@@ -198,7 +199,8 @@ def validate(write: bool, add_runs: tuple[Path, ...], as_json: bool) -> None:
                                    "rows": here.rows.to_dict("records"),
                                    **{f"by_{k}": v.to_dict("records") for k, v in here.by.items()},
                                    "shapes": here.shapes.to_dict("records"), "best": here.best.to_dict("records"),
-                                   "bands": here.bands}}, indent=2, default=str))
+                                   "bands": here.bands, "band_tail": here.tail,
+                                   "band_tails": here.tails}}, indent=2, default=str))
         return
     echo("each measurement, predicted with the published constants and held out (constants refitted on the "
                "other sources):")
@@ -218,7 +220,9 @@ def validate(write: bool, add_runs: tuple[Path, ...], as_json: bool) -> None:
                fractions=["mape", "gmae", "inside_band"])
     if here is not None:
         echo("\nour own GPU runs (analysis/model/measured_here.csv), each dataset held out (constants refitted on "
-             "the others; bands from the same regime's held-out errors in the other datasets):")
+             "the others; bands from the same regime's errors in the other datasets, predicted by fits without the "
+             "held-out one, cutting the tail that held "
+             f"{100 * BAND_NOMINAL:.0f}% of those datasets' points):")
         for key in ("source", "regime", "variant"):
             print_rows(here.by[key].to_dict("records"), [key, "n", "gmae", "mape", "inside_band"],
                        fractions=["gmae", "mape", "inside_band"])
@@ -231,7 +235,10 @@ def validate(write: bool, add_runs: tuple[Path, ...], as_json: bool) -> None:
                  "predicted right (held out by dataset)" + (":" if len(wrong) else ""))
             if len(wrong):
                 print_rows(wrong.to_dict("records"), ["source", "dataset", "mode", "measured_best", "predicted_best"])
-        echo("\nbands per regime (multipliers of a prediction, 5th to 95th percentile of held-out errors): " +
+        span = (f"{100 * here.tail:g}th to {100 - 100 * here.tail:g}th percentile" if here.tail > 0 else
+                "the whole range")
+        echo(f"\nbands per regime (multipliers of a prediction, {span} of held-out errors; the narrowest span that "
+             f"held {100 * BAND_NOMINAL:.0f}% of the datasets it was not chosen on, or the whole range): " +
              "; ".join(f"{r} x{a:.2f}-{b:.2f} (n={n})" for r, (a, b, n) in here.bands.items()))
     echo(f"\n{len(result.left_out)} corpus row(s) the model cannot express stay in the file with why "
                "(`--json` lists them); " + result.error.sentence())

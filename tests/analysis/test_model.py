@@ -127,6 +127,21 @@ def test_occupancy_counts_in_whole_rounds_of_blocks_on_the_busiest_sm():
     assert all(r["resident_warps"] == pytest.approx(1024 * 8 / 132 / r["waves"]) for r in by_blocks.values())
 
 
+def test_a_grid_smaller_than_the_gpu_issues_and_reads_l1_on_the_sms_it_holds():
+    """warp gives each bag a warp, 8 to a block: 256 or 512 bags make 32 or 64 blocks, one per SM
+    on 132 SMs, so each SM that holds a block does the same work and the issue and L1 terms
+    stay (the other SMs idle); from 132 blocks on, the busiest SM's share of them sets them.
+    (Measured on an H200, profiles/h200 shape d: warp's 64 blocks of int8 rows took 19-21 us,
+    predicted 9-11 us while the issue term spread their instructions over all 132 SMs.)"""
+    wl = SMALL.replace(E=500_000, L=60, T=1, batches=2)
+    rows = {B: MP.predict(wl.replace(B=B), ["random"], ["warp"], ["h100-sxm"], static=static(),
+                          sass=sass()).iloc[0] for B in (256, 512, 132 * 8, 264 * 8)}
+    for term in ("issue_us", "l1_us"):
+        assert rows[256][term] == pytest.approx(rows[512][term], rel=0.02)
+        assert rows[512][term] == pytest.approx(rows[132 * 8][term], rel=0.02)
+        assert rows[264 * 8][term] == pytest.approx(2 * rows[132 * 8][term], rel=0.02)
+
+
 def test_pcie_and_sxm_differ_by_their_resources_not_by_a_wave():
     wl = SMALL.replace(E=5_000_000, B=2048, L=150, T=1, batches=2)
     df = MP.predict(wl, ["random"], ["torch"], ["h100-sxm", "h100-pcie"], static=static(), sass=sass())
@@ -246,6 +261,19 @@ def test_sectors_and_capacities():
     assert LOC.sectors_per_row(512) == 16
     assert LOC.sectors_per_row(272) == 9          # D=68: 8.5 sectors, rows straddle
     assert LOC.sectors_per_row(4) == 1
+
+
+def test_distances_read_as_hit_rates_count_first_and_sort_when_read_often():
+    """A few capacities are counted on the unsorted distances; past SORT_AFTER reads they are
+    sorted once; either way the hit rate is the sorted array's (infinite distances miss)."""
+    rng = np.random.default_rng(0)
+    values = rng.exponential(1e6, 10_000)
+    values[::7] = np.inf
+    d, ordered = LOC.Distances(values), np.sort(values)
+    caps = rng.uniform(0, 3e6, 3 * LOC.Distances.SORT_AFTER).tolist() + [0.0, float(values[3]), np.inf]
+    for cap in caps:
+        assert LOC.hit_fraction(d, cap) == LOC.hit_fraction(ordered, cap)
+    assert d.ordered is not None and LOC.hit_fraction(LOC.Distances(np.empty(0)), 1.0) == 0.0
 
 
 def test_gmae_definition():
@@ -448,6 +476,17 @@ def test_tbe_tables_in_flight_share_the_l2():
     assert got[1].loc["medium", "l2_hit_rate_pct"] > got[12].loc["medium", "l2_hit_rate_pct"] + 10
     assert got[1].loc["medium", "time_us"] < 0.9 * got[12].loc["medium", "time_us"]
     assert got[1].loc["random", "time_us"] == pytest.approx(got[12].loc["random", "time_us"], rel=0.05)
+
+
+def test_tables_in_flight_leave_each_sms_l1_whole():
+    """An SM's L1 hit rate is the same however many tables a tbe launch walks at once: measured on
+    an H200 (profiles/h200/tbe-order, high), 1 to 12 tables at a time took 160-172 us, flat, and
+    ncu read the same L1 hits over random for tbe on medium as for base."""
+    wl = WorkloadConfig(T=12, E=500_000, D=128, B=2048, L=150, batches=2)
+    hits = [MP.predict(wl, ["high"], ["tbe"], ["h200"], static=static(), sass=sass(),
+                       params={"tbe": {"tables_in_flight": flight}}).set_index("variant").loc["tbe", "l1_hit_rate_pct"]
+            for flight in (1, 3, 12)]
+    assert hits[0] > 10 and hits == pytest.approx([hits[0]] * 3)
 
 
 def test_the_precision_grid_compares_per_table():

@@ -129,3 +129,41 @@ def test_regimes_and_their_bands():
     err = ModelError(15, 4, 0.07, 0.1, 0.9, 0.86, 1.16, "x", "y", regimes={"short bags": [0.55, 1.5, 32],
                                                                           "host tables": [0.7, 1.0, 4]})
     assert err.band("short bags") == (0.55, 1.5) and err.band("host tables") == (0.86, 1.16)   # too few: public
+
+
+def test_a_datasets_band_comes_from_fits_that_never_saw_it():
+    """The toy DRAM-latency model again: datasets a and b measure 20% above the published
+    value, c 20% below. The residuals a band for a is drawn from are b's and c's, each
+    predicted with constants refitted on the third dataset alone: a's own measurements change
+    none of them."""
+    gpu = gpu_spec("h100-sxm")
+    base = {gpu.key: ModelConstants.defaults(gpu)}
+    d0 = base[gpu.key].dram_latency_ns
+    keys = ["a", "a", "b", "b", "c", "c"]
+
+    def predict_rows(c, idx):
+        return np.array([c[gpu.key].dram_latency_ns / d0 for _ in idx])
+
+    measured = np.array([1.2, 1.2, 1.2, 1.2, 0.8, 0.8])
+    nested = V.nested_residuals(keys, predict_rows, measured, base, ["dram_latency_ns"])
+    assert set(nested) == {"a", "b", "c"}
+    assert np.isnan(nested["a"][:2]).all() and np.isfinite(nested["a"][2:]).all()
+    assert nested["a"][2] > 0.2 > -0.2 > nested["a"][4]   # b from c's fit (fast), c from b's (slow)
+    moved = V.nested_residuals(keys, predict_rows, np.array([3.0, 0.5, 1.2, 1.2, 0.8, 0.8]), base,
+                               ["dram_latency_ns"])
+    assert np.allclose(moved["a"][2:], nested["a"][2:])
+
+
+def test_a_bands_tail_is_the_narrowest_that_held_the_other_datasets():
+    """Datasets whose errors look alike: the 5th-95th percentile of the others' holds 90% of each,
+    so the narrowest tail is kept. One dataset whose errors run past everyone else's: no tail
+    holds 90% of it and the others, so the band spans the whole range of the errors seen."""
+    alike = np.tile(np.linspace(-0.1, 0.1, 20), 4)
+    ds = np.repeat(["a", "b", "c", "d"], 20)
+    reg = np.array(["DRAM-bound"] * 80)
+    assert V.choose_tail(alike, reg, ds) == V.BAND_TAILS[0]
+    apart = alike + np.where(ds == "d", 0.15, 0.0)
+    assert V.choose_tail(apart, reg, ds) == V.BAND_TAILS[-1]
+    assert V.choose_tail(alike[:20], reg[:20], ds[:20]) == V.BAND_TAILS[-1]   # one dataset: nothing to hold out
+    lo, hi = V.regime_band(alike, 0.0)
+    assert (lo, hi) == pytest.approx((np.exp(-0.1), np.exp(0.1)))

@@ -70,9 +70,11 @@ def evaluate_point(p: ModelPoint, c: ModelConstants) -> dict[str, Any]:
     gpu, k, rs = p.gpu, p.kernel, p.row_sector_bytes
     h2 = l2_hit(p, c)
     zero_copy = p.host == "uvm" and p.uvm_mode == "zero-copy"
-    # the L1 of an SM holds the rows of the tables its resident blocks walk: one each at most
-    on_sm = max(1, min(p.tables_in_flight, k.blocks_per_sm))
-    l1 = 0.0 if zero_copy else hit_fraction(p.l1, gpu.l1_data_bytes / rs / on_sm)
+    # the L1 of an SM keeps its own blocks' hot rows as for one table, however many tables a batched launch
+    # walks at once: measured on an H200 (profiles/h200/tbe-order), tbe on high took 160-172 us walking 1 to 12
+    # tables at a time (an L1 split among 3 tables predicts +20%), and ncu's L1 hit rate of tbe on medium over
+    # random's (4.7% - 1.5%) is base's (25.5% - 22.5%), not a third of it
+    l1 = 0.0 if zero_copy else hit_fraction(p.l1, gpu.l1_data_bytes / rs)
     phi1, phi2, phid = l1, max(h2 - l1, 0.0), 1.0 - max(h2, l1)
     lam1, lam2 = c.l1_latency_ns, c.l2_latency_ns
     lamd = c.dram_latency_ns + (HOST_READ_LATENCY_NS if p.host == "uvm" and p.uvm_mode == "zero-copy" else 0.0)
@@ -109,9 +111,10 @@ def evaluate_point(p: ModelPoint, c: ModelConstants) -> dict[str, Any]:
         "latency": latency_ns,
         "dram": dram_ns,                                              # GB/s == bytes/ns
         "l2": l2_bytes / gpu.l2_GBps,
-        "l1": l1_bytes / (c.l1_efficiency * gpu.l1_bytes_per_clk * gpu.sm_count * clk),
+        # an SM's L1 and schedulers serve its own blocks only: the busiest SM's share of the work sets them
+        "l1": l1_bytes * p.busiest_share / (c.l1_efficiency * gpu.l1_bytes_per_clk * clk),
         # four schedulers per SM could issue four warp instructions a cycle; a gather's loop reaches issue_ipc
-        "issue": p.tasks * p.task_instructions / (c.issue_ipc * gpu.sm_count * clk),
+        "issue": p.tasks * p.task_instructions * p.busiest_share / (c.issue_ipc * clk),
     }
     # the terms contend for the same warps, schedulers and memory system: they add up as a k-norm
     kernel_ns = norm(terms_ns.values(), c.overlap)

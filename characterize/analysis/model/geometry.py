@@ -82,6 +82,14 @@ class ModelPoint:
         return -(-per_sm // max(1, self.kernel.blocks_per_sm))
 
     @property
+    def busiest_share(self) -> float:
+        """Share of the launch's SM-local work (instructions, L1 traffic) the busiest SM does:
+        its ceil(blocks / SMs) blocks of equal work. An SM without a block issues nothing and
+        its L1 moves nothing, so a grid of fewer blocks than SMs runs on those it has (64
+        blocks on an H200's 132 SMs use 64 schedulers and L1s, not 132)."""
+        return -(-self.blocks // self.gpu.sm_count) / max(1, self.blocks)
+
+    @property
     def resident_warps(self) -> float:
         """Warps resident per SM on average over the launch (what ncu's achieved occupancy
         reads): every block's warps over the SMs and the busiest SM's rounds."""

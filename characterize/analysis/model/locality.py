@@ -31,10 +31,43 @@ def sectors_per_row(row_bytes: int) -> float:
     return float(np.mean([-(-(o + row_bytes) // SECTOR) for o in range(0, SECTOR, step)]))
 
 
-def hit_fraction(sorted_distances: np.ndarray, capacity_rows: float) -> float:
-    """Fraction of lookups whose distance is below the capacity (an LRU of that many rows hits)."""
+class Distances:
+    """Reuse distances read as hit rates at a few capacities, sorted only when read at many.
+
+    Why: a prediction asks each array at three capacities (its constants and its band's two
+    ends), where counting the distances below each costs about 1/250 of a sort; a fit asks
+    at hundreds, where one sort and a binary search per capacity is cheaper. The first
+    SORT_AFTER reads count; the next sorts once."""
+
+    SORT_AFTER = 16
+    __slots__ = ("values", "reads", "ordered")
+
+    def __init__(self, values: np.ndarray):
+        self.values = values
+        self.reads = 0
+        self.ordered: np.ndarray | None = None
+
+    @property
+    def size(self) -> int:
+        return int(self.values.size)
+
+    def below(self, capacity: float) -> int:
+        """How many distances are below `capacity` (as a sorted searchsorted, side left)."""
+        if self.ordered is None:
+            self.reads += 1
+            if self.reads <= self.SORT_AFTER:
+                return int(np.count_nonzero(self.values < capacity))
+            self.ordered = np.sort(self.values)
+        return int(np.searchsorted(self.ordered, capacity, side="left"))
+
+
+def hit_fraction(sorted_distances: "np.ndarray | Distances", capacity_rows: float) -> float:
+    """Fraction of lookups whose distance is below the capacity (an LRU of that many rows hits).
+    `sorted_distances`: sorted distances, or a Distances (sorted when it has been read often)."""
     if sorted_distances.size == 0:
         return 0.0
+    if isinstance(sorted_distances, Distances):
+        return sorted_distances.below(capacity_rows) / sorted_distances.size
     return float(np.searchsorted(sorted_distances, capacity_rows, side="left") / sorted_distances.size)
 
 
@@ -231,6 +264,7 @@ class TraceProfile:
         self._hot_scored: dict[int, list[np.ndarray]] = {}
         self._hot_rank: dict[int, list[np.ndarray]] = {}
         self._sorted: dict[tuple[str, str], np.ndarray] = {}
+        self._lazy: dict[tuple, Distances] = {}
         self._window: dict[tuple[int, str], tuple[float, np.ndarray]] = {}
         self._l1: dict[tuple[int, int, int], np.ndarray] = {}
         self._cache: dict[str, np.ndarray] = {}
@@ -246,15 +280,15 @@ class TraceProfile:
         return self._sorted[key]
 
     def byte_distances(self, mode: str, row_sector_bytes: float, stream_bytes: float,
-                       subset: str = "all", in_flight: int = 1) -> np.ndarray:
-        """Sorted L2 distances in bytes of the scored lookups (ReuseStream.bytes_between), with
-        `in_flight` tables gathered at once."""
+                       subset: str = "all", in_flight: int = 1) -> Distances:
+        """L2 distances in bytes of the scored lookups (ReuseStream.bytes_between), with
+        `in_flight` tables gathered at once, for hit_fraction."""
         key = ("bytes", subset, mode, round(row_sector_bytes, 3), round(stream_bytes, 3), in_flight)
-        if key not in self._sorted:
-            self._sorted[key] = np.sort(np.concatenate(
+        if key not in self._lazy:
+            self._lazy[key] = Distances(np.concatenate(
                 [s.bytes_between(self.T, mode, row_sector_bytes, stream_bytes, in_flight)
                  for s in self._streams[subset]]))
-        return self._sorted[key]
+        return self._lazy[key]
 
     def coverage_curve(self) -> np.ndarray:
         """Share of the warm-up batch's lookups its k most frequent rows serve, per k
