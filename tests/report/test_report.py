@@ -28,7 +28,7 @@ import pytest
 from characterize.analysis.answer import ModelValidation, answer_run
 from characterize.errors import ReportError, ToolchainNotFound
 from characterize.extract.ncu_csv import read_csv
-from characterize.pipeline import load_experiment, locality_step, run_meta, static_step
+from characterize.pipeline import load_experiment, locality_step, run_meta, static_step, sweeps_step
 from characterize.report import render as rpt
 from characterize.report.layout import NEEDS, Panel
 from characterize.report.panels.catalog import COMPARE_PANELS, IMPORT_PANELS, RUN_PANELS
@@ -208,6 +208,7 @@ def emulated_run(tmp_path_factory) -> Path:
     run = RunDir(out)
     try:
         static_step(run, exp)
+        sweeps_step(run, exp)   # the register sweep
     except ToolchainNotFound:
         pass  # the report then says static.csv is missing; checked below
     locality_step(run, exp)
