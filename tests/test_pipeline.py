@@ -225,3 +225,4 @@ def test_the_sweeps_step_adds_the_register_sweep_and_the_grid_after_the_answer(t
     pipeline.sweeps_step(run, exp)
     again = load_run(run.path)
     assert len(again.predictions) == len(after.predictions) and len(again.static) == len(after.static)
+    assert len(again.sass) == len(after.sass)

@@ -201,7 +201,7 @@ def sweeps_step(run: RunDir, exp: ExperimentConfig, progress: Reporter | Progres
         label = f"{exp.workload.dtype}: "
         code = code_facts(exp.variants, archs, exp.workload.D, exp.params, exp.maxrregcount, exp.workload.dtype,
                           progress=fold, also_dtypes=more, label=label, hot_loops=first is None)
-        statics, sasses = [code.static], [first.sass if first is not None else code.sass]
+        statics, sasses = [code.static], [code.sass if first is None else of_dtype(first.sass, exp.workload.dtype)]
         for dt in more:
             wl = exp.workload.replace(dtype=dt)
             names = [v for v in dict.fromkeys(["base", *exp.variants]) if get_variant(v).compiled and reads(v, wl)]
@@ -217,6 +217,13 @@ def sweeps_step(run: RunDir, exp: ExperimentConfig, progress: Reporter | Progres
     if more:
         _predict_more(run, exp, code, more, progress)
     return code
+
+
+def of_dtype(frame: pd.DataFrame, dtype: str) -> pd.DataFrame:
+    """The rows of `frame` for tables of `dtype` (rows written without a dtype are fp32's)."""
+    if "dtype" not in frame.columns:
+        return frame if dtype == "fp32" else frame.iloc[0:0]
+    return frame[frame["dtype"].astype(object).fillna("fp32") == dtype]
 
 
 def _predict_more(run: RunDir, exp: ExperimentConfig, code: CodeFacts, more: Sequence[str],
