@@ -180,6 +180,9 @@ def test_every_dtype_keeps_its_rows_in_flight(precision, arch, dtype):
     warp = pick(rows, "warp", arch, "chz_warp_kernel<1, 8>")
     assert warp.rows_in_flight >= 6 and warp.local_mem_ops == 0, warp
     assert warp.load_bits.get(128) == 8 and warp.shuffles > 0
+    # a bag of up to 8 lookups takes warp's one 8-wide step, whatever the row type (int8's
+    # scale and bias loads share a mnemonic with the tile's index loads: no remainder code)
+    assert warp.bag_latencies[1] == warp.bag_latencies[8] > 2.5, warp.bag_latencies
 
 
 # ------------------------------------------------------------ the whole loop nest

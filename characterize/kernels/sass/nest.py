@@ -405,7 +405,7 @@ def nest_latencies(code: KernelCode, nest: Nest, L: int, memory_latency: int = M
     # itself takes a bag's last, partial step: a whole iteration, its missing lookups
     # loading a stand-in row or predicated off
     around = loops[parent[hot.header]].blocks if parent.get(hot.header) is not None else frozenset(blocks)
-    remainder = any(i.is_global_load and i.mnemonic in nest.row_mnemonics
+    remainder = any(i.is_global_load and i.mnemonic in nest.row_mnemonics and i.address not in nest.tile_loads
                     for b in around - hot.blocks for i in blocks[b].instructions)
     bag = _Bag(nest, L, blocks, _prologue(blocks, nest, around, parent.get(hot.header), L)
                if remainder and not tile else None)
