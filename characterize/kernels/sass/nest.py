@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
 from characterize.kernels.diskcache import entry_key, get_or_compute, source_digest
 from characterize.kernels.sass.loads import classify
@@ -52,6 +52,28 @@ class Nest:
     load_mnemonics: frozenset[str] = frozenset()  # every global load of the hot loop (to tell its remainder)
     tile_loads: frozenset[int] = frozenset()      # the tile loop's index loads (each lane a different index)
     outer: Loop | None = None                     # the outermost loop around the loop over tasks, if any
+
+
+class Gate(Protocol):
+    """What a bag of a given length runs at a two-way branch: whether it enters a block,
+    and what entering it consumes of the bag."""
+
+    def admits(self, block: Block) -> bool: ...
+
+    def enter(self, block: Block) -> None: ...
+
+
+class _Avoid:
+    """A gate that keeps out of blocks loading like `avoid` (remainder code of the hot loop)."""
+
+    def __init__(self, avoid: frozenset[str]):
+        self.avoid = avoid
+
+    def admits(self, block: Block) -> bool:
+        return not any(i.mnemonic in self.avoid for i in block.instructions)
+
+    def enter(self, block: Block) -> None:
+        return None
 
 
 def _forest(code: KernelCode) -> tuple[dict[int, Block], dict[int, Loop], dict[int, int | None]]:
@@ -169,19 +191,17 @@ def interpolate(samples: Mapping[Any, float], L: float) -> float | None:
     return y1 + (y1 - y0) / (x1 - x0) * (L - x1)
 
 
-def _choose(blocks: dict[int, Block], block: Block, inside: list[int], avoid: frozenset[str]) -> int:
+def _choose(blocks: dict[int, Block], block: Block, inside: list[int], gate: Gate | None = None) -> int:
     """The successor a steady execution takes: the fall-through, unless it only fails
-    an assertion, or (once the hot loop ran) it is remainder code gathering like the hot
-    loop while the other way does not."""
+    an assertion, or `gate` says a bag of this length does not enter it (code for lookups
+    or indices the bag does not have left, such as an unrolled loop's remainder) while it
+    enters the other way."""
     fall = block.fallthrough if block.fallthrough in inside else inside[0]
     other = next((b for b in inside if b != fall), fall)
     if is_cold(blocks[fall]) and not is_cold(blocks[other]):
         return other
-    if avoid:
-        def gathers(b: int) -> bool:
-            return any(i.mnemonic in avoid for i in blocks[b].instructions)
-        if gathers(fall) and not gathers(other):
-            return other
+    if gate is not None and not gate.admits(blocks[fall]) and gate.admits(blocks[other]):
+        return other
     return fall
 
 
@@ -204,13 +224,16 @@ def _exit_of(blocks: dict[int, Block], loop: Loop, region: frozenset[int] | None
 def _walk_once(blocks: dict[int, Block], loops: dict[int, Loop], parent: dict[int, int | None], loop: Loop | None,
                expand: "dict[int, list[Instruction]] | Callable[[Loop], list[Instruction] | None]",
                avoid: frozenset[str] = frozenset(), start: int | None = None,
-               after: frozenset[int] = frozenset()) -> list[Instruction]:
+               after: frozenset[int] = frozenset(),
+               gate: Gate | None = None) -> list[Instruction]:
     """One iteration of `loop` (the kernel body when None) along its steady path, each
     child loop met replaced by what `expand` gives for it (a dict by header, or a
     function called in path order; None or a missing entry: its own steady path once).
     A branch is taken towards a child loop in `after` (the loops around the hot loop)
     while it is still ahead; once it has run, remainder code that loads like `avoid` is
-    passed by where the branch allows."""
+    passed by where the branch allows. `gate` (when given) decides every other two-way
+    branch: it says whether a bag enters a block (and counts what the block consumes of
+    the bag when it does)."""
     region = loop.blocks if loop is not None else None
     header = loop.header if loop is not None else None
     b = header if header is not None else (start if start is not None else min(blocks))
@@ -241,7 +264,13 @@ def _walk_once(blocks: dict[int, Block], loops: dict[int, Loop], parent: dict[in
             if len(toward) == 1:
                 b = toward[0]
                 continue
-        b = inside[0] if len(inside) == 1 else _choose(blocks, block, inside, avoiding)
+        if len(inside) == 1:
+            b = inside[0]
+        elif gate is not None:
+            b = _choose(blocks, block, inside, gate)
+            gate.enter(blocks[b])
+        else:
+            b = _choose(blocks, block, inside, _Avoid(avoiding) if avoiding else None)
     return path
 
 
@@ -261,56 +290,153 @@ def _reaches(blocks: dict[int, Block], source: int, target: int, region: frozens
     return False
 
 
+class _Bag:
+    """The gate of a bag of L lookups: what is left of it to stream (a bounds check over
+    its indices, once a loop streaming them has been met) and to gather (once the hot
+    loop ran: its unrolled remainder). A block is entered only when what it loads fits
+    in what is left, the largest pieces first, as the unrolled code of a compiler takes
+    them (a check unrolled by 16, then 8, then 4, then one at a time)."""
+
+    def __init__(self, nest: Nest, L: int, blocks: dict[int, Block], prologue: int | None = None):
+        self.blocks = blocks
+        self.rows = frozenset(nest.row_mnemonics)
+        self.loads = frozenset(nest.load_mnemonics)
+        hot_rows = sum(1 for i in nest.hot.path if i.is_global_load and i.mnemonic in self.rows)
+        self.rows_per_lookup = max(hot_rows, 1) / nest.hot_lookups
+        self.indices_left = L          # indices a streaming loop or block has not checked yet
+        self.streaming = False         # a loop streaming the bag's indices has been met
+        self.gathered = False          # the hot loop ran: what is left is its remainder's
+        self.lookups_left = 0.0        # lookups the hot loop left to its remainder
+        self.claimed: set[int] = set() # remainder row loads already counted against them
+        self.peeled = prologue is not None    # remainder code before the hot loop is gated too
+        self.prologue_left = float(prologue or 0)  # lookups that remainder takes
+        self.prologue_taken = 0.0
+
+    def gather(self, lookups: float) -> None:
+        """The hot loop ran, leaving `lookups` of the bag (or of its tile) to its remainder."""
+        self.gathered = True
+        self.lookups_left += lookups
+        self.claimed = set()
+
+    def _rows_ahead(self, block: Block) -> list[int]:
+        """The remainder row loads a branch into `block` leads to: its own, else those of
+        the first block after it (past an index load and the assertion on it) that has
+        some, following the one way that is not cold; none past a two-way branch."""
+        b: Block | None = block
+        for _ in range(6):
+            if b is None:
+                break
+            rows = [i.address for i in b.instructions if i.is_global_load and i.mnemonic in self.rows
+                    and i.address not in self.claimed]
+            if rows:
+                return rows
+            if not any(i.is_global_load and i.mnemonic in self.loads for i in b.instructions) and b is not block:
+                break
+            warm = [s for s in b.successors if s in self.blocks and not is_cold(self.blocks[s])]
+            b = self.blocks[warm[0]] if len(warm) == 1 else None
+        return []
+
+    def lookups(self, block: Block) -> float:
+        """Lookups a block of remainder code gathers: its unconditional row loads (a
+        predicated one beyond them is a lookup a shorter bag skips), else its predicated ones."""
+        rows = [i for i in block.instructions if i.is_global_load and i.mnemonic in self.rows]
+        always = sum(1 for i in rows if not i.predicate)
+        return (always or len(rows)) / self.rows_per_lookup
+
+    def _need(self, block: Block) -> tuple[str, float, list[int]] | None:
+        if self.gathered:
+            rows = self._rows_ahead(block)
+            return ("lookups_left", self.lookups(self.blocks[self._owner(rows[0])]), rows) if rows else None
+        if self.peeled:
+            rows = self._rows_ahead(block)
+            if rows:
+                return "prologue_left", self.lookups(self.blocks[self._owner(rows[0])]), rows
+        loads = [i for i in block.instructions if i.is_global_load]
+        if self.streaming and loads and not any(i.mnemonic in self.rows for i in loads):
+            return "indices_left", float(sum(1 for i in loads if not i.predicate)), []
+        return None
+
+    def _owner(self, address: int) -> int:
+        return next(b for b, blk in self.blocks.items() if any(i.address == address for i in blk.instructions))
+
+    def admits(self, block: Block) -> bool:
+        need = self._need(block)
+        return need is None or getattr(self, need[0]) >= need[1] - 1e-9
+
+    def enter(self, block: Block) -> None:
+        need = self._need(block)
+        if need is not None:
+            setattr(self, need[0], max(0.0, getattr(self, need[0]) - need[1]))
+            if need[0] == "prologue_left":
+                self.prologue_taken += need[1]
+            self.claimed.update(need[2])
+
+
 def nest_latencies(code: KernelCode, nest: Nest, L: int, memory_latency: int = MEMORY_LATENCY,
                    from_outer: bool = False) -> tuple[float, int]:
     """(memory latencies a warp serializes, instructions it issues) for one task of the
     nest (one bag per lane group: a warp's 32 / lanes_per_bag bags, or a (bag, chunk)
     for a thread-per-feature kernel) with bags of L lookups: the root's steady path with
     the tile loop run once per tile of the bag (the last one partial), the hot loop as
-    many times as the lookups need (a fraction of an iteration counted as that fraction
-    of its latencies), loops that only stream the bag's indices (a bounds check, with its
-    unrolled remainder loops) as many times as the indices they have left, and the
-    remainder code of the unrolled hot loop passed where a path around it exists. Rows
-    and tile index loads take the memory latency; every other load (a lane-uniform index
-    or offset stream, 8 bytes a step through 128-byte lines) takes INDEX_LATENCY_RATIO of
-    it, since most of them hit L1: the waits are in units of a row's latency.
-    `from_outer`: one iteration of the outer loop instead, its loop over tasks run once
-    (what a run of tasks costs beyond its tasks is the difference)."""
+    many times as the lookups need, loops that only stream the bag's indices (a bounds
+    check, with its unrolled remainder loops) as many times as the indices they have
+    left, and at each branch the way a bag of L takes (_Bag: the unrolled pieces of the
+    check that fit what is left of the bag, the hot loop's remainder code for the lookups
+    the hot loop left); lookups left with no remainder code on the path count as that
+    fraction of a hot iteration's latencies. Rows and tile index loads take the memory
+    latency; every other load (a lane-uniform index or offset stream, 8 bytes a step
+    through 128-byte lines) takes INDEX_LATENCY_RATIO of it, since most of them hit L1,
+    except the first load of each stream (the bag's offsets, its indices): the waits are
+    in units of a row's latency. `from_outer`: one iteration of the outer loop instead,
+    its loop over tasks run once (what a run of tasks costs beyond its tasks is the
+    difference)."""
     blocks, loops, parent = _forest(code)
     hot = nest.hot
     tile = nest.tile_lookups
     chunks = ([tile] * (L // tile) + ([L % tile] if L % tile else [])) if tile else [L]
     chunks = chunks or [0]
-    fractions = [c / nest.hot_lookups - int(c / nest.hot_lookups) for c in chunks]
     ancestors = {hot.header}
     q = hot.header
     while parent.get(q) is not None:
         q = parent[q]
         ancestors.add(q)
     after = frozenset(ancestors)
-    streamed = {"left": L}
+    # without remainder code (no block around the hot loop gathers like it) the hot loop
+    # itself takes a bag's last, partial step: a whole iteration, its missing lookups
+    # loading a stand-in row or predicated off
+    around = loops[parent[hot.header]].blocks if parent.get(hot.header) is not None else frozenset(blocks)
+    remainder = any(i.is_global_load and i.mnemonic in nest.row_mnemonics and i.address not in nest.tile_loads
+                    for b in around - hot.blocks for i in blocks[b].instructions)
+    bag = _Bag(nest, L, blocks, _prologue(blocks, nest, around, parent.get(hot.header), L)
+               if remainder and not tile else None)
 
     def child(lp: Loop, chunk: int) -> list[Instruction] | None:
         if lp.header == hot.header:
-            return [*hot.path] * int(chunk / nest.hot_lookups)
+            if not tile:
+                chunk = max(0, chunk - int(round(bag.prologue_taken)))
+            trips = int(chunk / nest.hot_lookups) if remainder else -(-chunk // nest.hot_lookups)
+            bag.gather(max(0, chunk - trips * nest.hot_lookups))
+            return [*hot.path] * trips
         if nest.tile is not None and lp.header == nest.tile.header:
             body: list[Instruction] = []
             for c in chunks:
                 body += _walk_once(blocks, loops, parent, lp, lambda x, c=c: child(x, c), nest.load_mnemonics,
-                                   after=after)
+                                   after=after, gate=bag)
             return body
-        inner = _walk_once(blocks, loops, parent, lp, lambda x: child(x, chunk), nest.load_mnemonics, after=after)
+        inner = _walk_once(blocks, loops, parent, lp, lambda x: child(x, chunk), nest.load_mnemonics, after=after,
+                           gate=bag)
         loads = [i for i in lp.path if i.is_global_load]
         if lp.header not in ancestors and loads and not classify(lp.path).row_loads:
-            trips = streamed["left"] // len(loads)       # streams the bag's indices (a bounds check)
-            streamed["left"] -= trips * len(loads)
+            bag.streaming = True
+            trips = int(bag.indices_left) // len(loads)      # streams the bag's indices (a bounds check)
+            bag.indices_left -= trips * len(loads)
             return inner * trips
         return inner
 
     root = nest.outer if from_outer and nest.outer is not None else nest.root
     start = None if root is not None else code.instructions[0].address
     task = _walk_once(blocks, loops, parent, root, lambda x: child(x, chunks[0] if tile else L), nest.load_mnemonics,
-                      start=start, after=after)
+                      start=start, after=after, gate=bag)
     short = max(1, int(round(memory_latency * INDEX_LATENCY_RATIO)))
     latency = {i.address: short for i in task if i.is_global_load and i.mnemonic not in nest.row_mnemonics
                and i.address not in nest.tile_loads}
@@ -318,21 +444,76 @@ def nest_latencies(code: KernelCode, nest: Nest, L: int, memory_latency: int = M
     firsts = _first_index_loads(task, latency)
     rep = replay(task, memory_latency, iterations=2, load_latency=latency, first_full=firsts)
     hot_rep = replay(hot.path, memory_latency, load_latency=latency)
-    extra = sum(fractions) * hot_rep.latencies_per_iteration
-    return rep.latencies_per_iteration + extra, len(task) + int(round(sum(fractions) * len(hot.path)))
+    left = bag.lookups_left / nest.hot_lookups      # lookups no remainder code on the path gathered
+    extra = left * hot_rep.latencies_per_iteration
+    return rep.latencies_per_iteration + extra, len(task) + int(round(left * len(hot.path)))
+
+
+def _prologue(blocks: dict[int, Block], nest: Nest, around: frozenset[int], stop: int | None, L: int) -> int:
+    """Lookups of a bag of L that remainder code before the hot loop gathers: L modulo the
+    smallest piece the code from the hot loop on gathers (the hot loop, or an unrolled
+    block after it), as a compiler peels a loop's remainder ahead of its unrolled body."""
+    gauge = _Bag(nest, L, blocks)
+    stack = [s for b in nest.hot.blocks for s in blocks[b].successors if s in around and s not in nest.hot.blocks]
+    seen: set[int] = set()
+    pieces = [nest.hot_lookups]
+    while stack:
+        b = stack.pop()
+        if b in seen or b in nest.hot.blocks or b not in around:
+            continue
+        seen.add(b)
+        if any(i.is_global_load and i.mnemonic in gauge.rows for i in blocks[b].instructions):
+            pieces.append(max(1, int(round(gauge.lookups(blocks[b])))))
+        stack += [s for s in blocks[b].successors if s != stop]
+    return L % min(pieces)
+
+
+def _depth(task: Sequence[Instruction], k: int, memo: dict[int, int], hops: int = 48) -> int:
+    """How many global loads deep the address of the load at `k` is: 0 for an address
+    from parameters and counters (a bag's offsets), 1 for one read from a load (its
+    indices, at the offsets read), and so on; traced up the path through arithmetic."""
+    if k in memo:
+        return memo[k]
+    memo[k] = 0
+    deepest, frontier, seen = 0, [(k, r) for r in task[k].address_regs], set()
+    for _ in range(hops):
+        nxt = []
+        for at, reg in frontier:
+            j = next((j for j in range(at - 1, -1, -1) if reg in task[j].dests), None)
+            if j is None or j in seen:
+                continue
+            seen.add(j)
+            if task[j].is_global_load:
+                deepest = max(deepest, 1 + _depth(task, j, memo, hops))
+            else:
+                nxt += [(j, r) for r in task[j].srcs if r not in ("PT", "UPT")]
+        frontier = nxt
+        if not frontier:
+            break
+    memo[k] = deepest
+    return deepest
 
 
 def _first_index_loads(task: Sequence[Instruction], short: Mapping[int, int]) -> set[int]:
     """The short-latency loads of a task that load its bag's first indices: the first
     short load met on the path, and the first one inside each loop that streams them
-    (the first instruction of each distinct load site until one repeats)."""
+    (the first instruction of each distinct load site until one repeats), one per
+    level of the chain (the offsets, the indices read at them, ...): a later load of the
+    same level reads lines the first one opened (the lookups reading the indices a
+    bounds check just read hit L1)."""
     out: set[int] = set()
     seen: set[int] = set()
-    for i in task:
+    levels: set[int] = set()
+    memo: dict[int, int] = {}
+    for k, i in enumerate(task):
         if i.address in short:
             if i.address in seen:
                 break
             seen.add(i.address)
+            level = _depth(task, k, memo)
+            if level in levels:
+                continue
+            levels.add(level)
             out.add(i.address)
     return out
 
