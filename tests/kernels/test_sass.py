@@ -270,20 +270,26 @@ template __global__ void guarded_prefetch<4>(const float*, const long long*, lon
 """
 
 
-@pytest.fixture(scope="module")
-def serial_cubins(tmp_path_factory):
+def compiled_kernels(tmp_path_factory, name: str, source: str) -> dict:
+    """The kernels of `source` compiled with -O3 for each of ARCHS, by architecture (a skip
+    without nvcc or cuobjdump)."""
     if missing_cuda_tools():
         pytest.skip(f"cuobjdump or nvcc missing: {missing_cuda_tools()}")
-    d = tmp_path_factory.mktemp("serial")
-    src = d / "serial.cu"
-    src.write_text(SERIAL_CU)
+    d = tmp_path_factory.mktemp(name)
+    src = d / f"{name}.cu"
+    src.write_text(source)
     out = {}
     for arch in ARCHS:
-        cubin = d / f"serial_{arch}.cubin"
+        cubin = d / f"{name}_{arch}.cubin"
         subprocess.run([str(find_nvcc().path), "-O3", "-cubin", f"-arch={arch}", "-o", str(cubin), str(src)],
                        check=True, capture_output=True)
         out[arch] = kernels_in(cubin)
     return out
+
+
+@pytest.fixture(scope="module")
+def serial_cubins(tmp_path_factory):
+    return compiled_kernels(tmp_path_factory, "serial", SERIAL_CU)
 
 
 @needs_tools
@@ -323,18 +329,8 @@ extern "C" __global__ void checked_bags(const long long* offsets, const long lon
 
 @pytest.fixture(scope="module")
 def checked_cubins(tmp_path_factory):
-    if missing_cuda_tools():
-        pytest.skip(f"cuobjdump or nvcc missing: {missing_cuda_tools()}")
-    d = tmp_path_factory.mktemp("checked")
-    src = d / "checked.cu"
-    src.write_text(CHECKED_CU)
-    out = {}
-    for arch in ARCHS:
-        cubin = d / f"checked_{arch}.cubin"
-        subprocess.run([str(find_nvcc().path), "-O3", "-cubin", f"-arch={arch}", "-o", str(cubin), str(src)],
-                       check=True, capture_output=True)
-        out[arch] = kernels_in(cubin)["checked_bags"]
-    return out
+    return {arch: kernels["checked_bags"]
+            for arch, kernels in compiled_kernels(tmp_path_factory, "checked", CHECKED_CU).items()}
 
 
 @needs_tools
