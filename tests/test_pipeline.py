@@ -226,3 +226,31 @@ def test_the_sweeps_step_adds_the_register_sweep_and_the_grid_after_the_answer(t
     again = load_run(run.path)
     assert len(again.predictions) == len(after.predictions) and len(again.static) == len(after.static)
     assert len(again.sass) == len(after.sass)
+
+
+@needs_tools
+def test_a_run_measured_elsewhere_is_analyzed_here_without_touching_its_points(tmp_path, monkeypatch):
+    """`run --resume` of a run measured on a GPU, on a machine without one: every step that
+    needs no GPU runs (the run's GPU predicted too), bench and profile are recorded as kept,
+    and the measured points stay byte for byte."""
+    monkeypatch.setenv("CHARACTERIZE_CACHE", str(tmp_path / "cache"))
+    if devices():
+        pytest.skip("a GPU here would measure the run instead")
+    exp = pipeline.load_experiment(str(write_experiment(tmp_path, datasets=("high",), variants=("base", "warp"),
+                                                        caps=(48,))))
+    run = pipeline.open_experiment_run(exp, tmp_path / "run", "bench", False, None)
+    run.update_meta(gpu={"key": "h200", "name": "NVIDIA H200"})
+    point = run.point_path("bench", "base", "high")
+    point.parent.mkdir(parents=True, exist_ok=True)
+    point.write_text('{"variant": "base", "dataset": "high", "status": "ok"}')
+    said: list[str] = []
+    outcome = pipeline.run_experiment(exp, tmp_path / "run", resume=True, after_step=lambda s, p: said.append(s))
+    assert outcome.steps["bench"].startswith("skipped: measured on NVIDIA H200, kept as measured")
+    assert outcome.steps["profile"].startswith("skipped: measured on NVIDIA H200")
+    assert all(outcome.steps[s] == "done" for s in ("static", "locality", "predict", "e2e", "sweeps", "report"))
+    assert said == ["static", "locality", "predict", "e2e", "sweeps", "report"]
+    stored = load_run(tmp_path / "run")
+    assert "h200" in set(stored.predictions["gpu"]) and stored.static["sweep"].any()
+    assert stored.meta["analyzed"]["kernels"] and point.read_text().startswith('{"variant": "base"')
+    log = (tmp_path / "run" / "log.txt").read_text()
+    assert "analyzed without a GPU (measured on NVIDIA H200)" in log and "sweeps: done (" in log

@@ -560,17 +560,7 @@ def _analyze_measured(exp: ExperimentConfig, path: Path, reporter: Reporter,
             if step.measures:
                 outcome.steps[step.name] = f"skipped: {why}"
                 continue
-            start = time.perf_counter()
-            try:
-                step.run(ctx)
-            except CharacterizeError as e:
-                outcome.steps[step.name] = f"failed: {e}"
-                reporter.message(f"{step.name} failed: {e}")
-            else:
-                outcome.steps[step.name] = "done"
-                if after_step is not None:
-                    after_step(step.name, run.path)
-            run.log(f"{step.name}: {outcome.steps[step.name]} ({time.perf_counter() - start:.1f} s)")
+            run_step(ctx, step, after_step)
     return outcome
 
 
@@ -589,26 +579,33 @@ def _run_steps(ctx: StepContext, after_step: Callable[[str, Path], None] | None)
             outcome.steps[step.name] = "cut: the time budget ran out before it started; --resume runs it"
             say(f"{step.name} {outcome.steps[step.name]}")
             continue
-        start = time.perf_counter()
-        try:
-            step.run(ctx)
-        except OutOfTime as e:
-            outcome.steps[step.name] = f"cut: {e}"
-            say(f"{step.name} cut: {e}")
-        except (ToolchainNotFound, NcuNotFound) as e:
-            # a tool that is not installed skips its step; one named by the user and missing is an error
-            verdict = "failed" if isinstance(e, NamedToolMissing) else "skipped"
-            outcome.steps[step.name] = f"{verdict}: {e}"
-            say(f"{step.name} {verdict}: {e}")
-        except CharacterizeError as e:
-            outcome.steps[step.name] = f"failed: {e}"
-            say(f"{step.name} failed: {e}")
-        except OSError as e:   # disk full, read-only, permissions: the step fails, the run goes on
-            outcome.steps[step.name] = f"failed: {describe_os_error(e)}"
-            say(f"{step.name} failed: {describe_os_error(e)}")
-        else:
-            outcome.steps[step.name] = "done"
-            if after_step is not None:
-                after_step(step.name, run.path)
-        run.log(f"{step.name}: {outcome.steps[step.name]} ({time.perf_counter() - start:.1f} s)")
+        run_step(ctx, step, after_step)
+
+
+def run_step(ctx: StepContext, step: Step, after_step: Callable[[str, Path], None] | None) -> None:
+    """Run one step and record its outcome (in ctx.outcome, on the terminal, in the log):
+    what it raised fails or cuts that step only, so the run goes on to the next."""
+    outcome, say = ctx.outcome, ctx.reporter.message
+    start = time.perf_counter()
+    try:
+        step.run(ctx)
+    except OutOfTime as e:
+        outcome.steps[step.name] = f"cut: {e}"
+        say(f"{step.name} cut: {e}")
+    except (ToolchainNotFound, NcuNotFound) as e:
+        # a tool that is not installed skips its step; one named by the user and missing is an error
+        verdict = "failed" if isinstance(e, NamedToolMissing) else "skipped"
+        outcome.steps[step.name] = f"{verdict}: {e}"
+        say(f"{step.name} {verdict}: {e}")
+    except CharacterizeError as e:
+        outcome.steps[step.name] = f"failed: {e}"
+        say(f"{step.name} failed: {e}")
+    except OSError as e:   # disk full, read-only, permissions: the step fails, the run goes on
+        outcome.steps[step.name] = f"failed: {describe_os_error(e)}"
+        say(f"{step.name} failed: {describe_os_error(e)}")
+    else:
+        outcome.steps[step.name] = "done"
+        if after_step is not None:
+            after_step(step.name, ctx.run.path)
+    ctx.run.log(f"{step.name}: {outcome.steps[step.name]} ({time.perf_counter() - start:.1f} s)")
 
