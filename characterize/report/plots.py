@@ -539,8 +539,10 @@ def e2e_stage_figure(rows: pd.DataFrame, stages: Sequence[str], title: str) -> F
     """One stacked horizontal bar per variant: its batch time split by stage (the stage's
     kernels plus the idle time before them), in execution order."""
     variants = order_variants(rows["variant"].unique())
-    fig, ax = _figure(0.9 + 0.32 * len(variants))
     table = rows.pivot_table(index="variant", columns="stage", values="time_us", aggfunc="mean")
+    # the bars, or (few variants) the title, prediction stamp, axis label and the stages' legend below
+    legend_rows = math.ceil(sum(st in table.columns for st in stages) / 3)
+    fig, ax = _figure(max(0.9 + 0.32 * len(variants), 2.4 + 0.3 * legend_rows))
     left = np.zeros(len(variants))
     colors = ("#7f7f7f", "#9467bd", "#d62728", "#2ca02c", "#1f77b4", "#8c564b", "#17becf", "#bcbd22", "#ff7f0e",
               "#e377c2")

@@ -151,3 +151,20 @@ def test_duration_bars_are_linear_with_distinct_labels():
     assert ax.get_xscale() == "linear" and ax.get_xlim()[0] == 0
     labels = [t.get_text() for t in ax.get_yticklabels()]
     assert len(set(labels)) == 3 and labels[0].startswith("#2") and labels[-1].startswith("#1")  # longest first
+
+
+@pytest.mark.parametrize("variants", [("base",), ("base", "warp"), tuple(VARIANT_ORDER)])
+def test_the_dlrm_stage_chart_keeps_room_for_its_legend_however_few_variants(variants):
+    """Two variants and the training step's ten stages once drew a 1.4-inch figure whose
+    axes collapsed under the title, the prediction stamp and the legend."""
+    import warnings
+
+    from characterize.analysis.model.e2e import TRAINING_STAGES
+
+    rows = pd.DataFrame([{"variant": v, "stage": st, "time_us": 100.0 + i} for v in variants
+                         for i, st in enumerate(TRAINING_STAGES)])
+    fig = plots.stamp(plots.e2e_stage_figure(rows, TRAINING_STAGES, "DLRM training step"), "MODEL PREDICTION")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        plots.png(fig)
+    assert _has_legend(fig) and _not_blank(fig)
