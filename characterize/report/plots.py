@@ -206,7 +206,7 @@ def grouped_bars(df: pd.DataFrame, *, group: str, series: str, value: str, err: 
 def latency_figure(s: pd.DataFrame, title: str) -> Figure:
     """Per-table latency (mean, 95% CI) per variant x dataset, from analyze.speedups()."""
     return grouped_bars(s, group="dataset", series="variant", value="latency_us", err="latency_ci95_us",
-                        title=title, ylabel="latency per table launch (µs)")
+                        title=title, ylabel="latency per table (µs)")
 
 
 def speedup_figure(s: pd.DataFrame, reference: str, title: str) -> Figure:

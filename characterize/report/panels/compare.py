@@ -206,7 +206,7 @@ def _c_bench(pair: Pair) -> PanelOutput:
                                                  "yes" if r["significant"] else "no", "")),
             ("speedup of b over a", lambda r: Cell(fmt_x(r["per_table_us_a"] / r["per_table_us_b"]
                                                          if r["per_table_us_b"] else np.nan), "num"))]
-    blocks.append(table_block(ordered_rows(both), spec, caption=f"Latency per table launch: {a.label} → {b.label}",
+    blocks.append(table_block(ordered_rows(both), spec, caption=f"Latency per table: {a.label} → {b.label}",
                               note="significant: |delta| exceeds the 95% CI of the difference of two independent means "
                                    "(sqrt(ci_a² + ci_b²))"))
     blocks += _unmatched(un, ["variant", "dataset", "mode"], pair, "timed point")
