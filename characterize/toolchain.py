@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +43,23 @@ class ToolNamedMissing(Exception):
         why = "does not exist" if not path.exists() else "is not an executable file"
         super().__init__(f"{path} ({where}) {why}")
         self.path, self.where, self.why = path, where, why
+
+
+class ToolDidNotRun(Exception):
+    """`TOOL --version` could not run (not executable, failed to start, hung)."""
+
+
+def cuda_tool_version(path: Path) -> str:
+    """The version a CUDA toolkit tool (nvcc, cuobjdump, nvdisasm) prints, '13.0.88' from
+    'Cuda compilation tools, release 13.0, V13.0.88'; its last line when there is no such
+    version, 'unknown' when it prints nothing. Why one probe: the build and the SASS
+    analysis each record the tool that made their output, and read its version alike."""
+    try:
+        out = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        raise ToolDidNotRun(str(e)) from None
+    m = re.search(r"V(\d+\.\d+\.\d+)", out)
+    return m.group(1) if m else (out.strip().splitlines()[-1] if out.strip() else "unknown")
 
 
 def is_executable(path: Path) -> bool:

@@ -92,11 +92,9 @@ MIN_DRIVER = {11: "450.80.02", 12: "525.60.13", 13: "580.65.06"}
 
 def _nvcc_version(path: Path) -> str:
     try:
-        out = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.SubprocessError) as e:
+        return toolchain.cuda_tool_version(path)
+    except toolchain.ToolDidNotRun as e:
         raise ToolchainNotFound(f"{path} did not run: {e}") from None
-    m = re.search(r"release (\d+\.\d+), V([\d.]+)", out)
-    return m.group(2) if m else out.strip().splitlines()[-1] if out.strip() else "unknown"
 
 
 @lru_cache(maxsize=None)

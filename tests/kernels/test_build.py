@@ -139,6 +139,28 @@ def test_the_cuda_headers_dtype_codes_are_the_dtype_table():
     assert codes == {d.name: d.code for d in DTYPES.values()}
 
 
+def test_the_cuda_tool_version_probe(tmp_path):
+    """One probe reads nvcc's and cuobjdump's versions: the real nvcc's, a tool without a
+    version line (its last line), a silent one, and one that cannot run (a domain error
+    naming the tool, from the build and from the SASS reader alike)."""
+    from characterize.kernels.sass import disasm
+
+    assert re.fullmatch(r"\d+\.\d+\.\d+", toolchain.cuda_tool_version(find_nvcc().path))
+    odd, silent, broken = tmp_path / "odd", tmp_path / "silent", tmp_path / "broken"
+    odd.write_text("#!/bin/sh\necho 'some tool'\necho 'build 7'\n")
+    silent.write_text("#!/bin/sh\n")
+    broken.write_text("not a program")
+    for exe in (odd, silent):
+        exe.chmod(0o755)
+    assert toolchain.cuda_tool_version(odd) == "build 7"
+    assert toolchain.cuda_tool_version(silent) == "unknown"
+    with pytest.raises(toolchain.ToolDidNotRun):
+        toolchain.cuda_tool_version(broken)
+    for probe in (B._nvcc_version, disasm._tool_version):
+        with pytest.raises(ToolchainNotFound, match=f"{broken} did not run"):
+            probe(broken)
+
+
 # --------------------------------------------------- the compiler the driver supports
 def _stand_in_nvcc(folder, release: str):
     """A CUDA `release` nvcc for the choice alone (its version line): no CUDA 12 compiler

@@ -7,7 +7,6 @@ in memory by path, size and modification time.
 
 from __future__ import annotations
 
-import re
 import subprocess
 from functools import lru_cache
 from pathlib import Path
@@ -27,11 +26,9 @@ INSTALL_HINT = ("Install NVIDIA's disassemblers with `pip install 'characterize[
 # ------------------------------------------------------------------ toolchain
 def _tool_version(path: Path) -> str:
     try:
-        out = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.SubprocessError) as e:
+        return toolchain.cuda_tool_version(path)
+    except toolchain.ToolDidNotRun as e:
         raise ToolchainNotFound(f"{path} did not run: {e}. {INSTALL_HINT}") from None
-    m = re.search(r"V(\d+\.\d+\.\d+)", out)
-    return m.group(1) if m else (out.strip().splitlines()[-1] if out.strip() else "unknown")
 
 
 def _find_tool(name: str, env_var: str) -> Toolchain:
