@@ -80,11 +80,11 @@ def comparison_box(pair: Pair) -> AnswerBox | None:
     a, b = pair.a.kview_per_table, pair.b.kview_per_table   # per table when a run's points say so
     if a.empty or b.empty or "duration_ns" not in a.columns or "duration_ns" not in b.columns:
         return None
-    matched = analyze.match_kernels(a, b, [], pair.pairs)
-    d = analyze.kernel_deltas(a, b, matched, ["duration_ns"])
+    kp = pair.kernel_pairs()   # as the comparison panels pair them, so the counts agree
+    d = analyze.kernel_deltas(kp.a, kp.b, kp.matched, ["duration_ns"])
     d = d.dropna(subset=["a", "b"]) if not d.empty else d   # no kernel paired: no delta columns either
     box = AnswerBox(f"{pair.slug}-answer", pair.label, "comparison", "ncu")
-    alone = int(matched["match"].astype(str).str.startswith("only").sum())
+    alone = len(kp.unmatched())
     if d.empty:
         box.sentences = [f"No kernel of {pair.b.label} pairs up with one of {pair.a.label} ({alone} on one side "
                          "only): pair them by hand with --pair A=B."]

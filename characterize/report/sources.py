@@ -380,6 +380,26 @@ class Pair:
     def label(self) -> str:
         return f"{self.b.label} vs {self.a.label}"
 
+    @property
+    def same(self) -> bool:
+        """A source compared with itself (--pair within one run): only the pairs asked for."""
+        return self.a is self.b
+
+    def kernel_pairs(self) -> analyze.KernelPairs:
+        """The two sides' kernels paired as `compare` pairs them: --pair selectors on the
+        launches, then a run's launches averaged per variant, dataset and function. The
+        page's answer and its comparison panels both count from this one pairing."""
+        return analyze.pair_kernels(side_kernels(self.a), side_kernels(self.b), self.pairs,
+                                    auto=not (self.same and self.pairs), where=(self.a.label, self.b.label))
+
+
+def side_kernels(src: Any) -> pd.DataFrame:
+    """A side's kernels, one row per launch; a run's per table (analyze.per_table_kernels), and
+    so a report's whose run's points sit beside it (ImportSource.kview_per_table)."""
+    if isinstance(src, RunSource):
+        return analyze.per_table_kernels(src.kview, src.run)
+    return src.kview_per_table.assign(per="table") if src.per_table else src.kview
+
 
 def open_source(src: Any, index: int) -> RunSource | ImportSource:
     """A run directory, Run object, or report file as a report source."""

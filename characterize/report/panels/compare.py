@@ -31,7 +31,7 @@ from characterize.report.blocks import (
 from characterize.report.layout import S_COMPARE, S_NCU, Panel, timing_provenances
 from characterize.report.plots import order_datasets, order_variants
 from characterize.report.provenance import PROVENANCE
-from characterize.report.sources import Pair, RunSource
+from characterize.report.sources import Pair, RunSource, side_kernels
 from characterize.units import format_bytes
 
 # ------------------------------------------------------------------ helpers
@@ -79,26 +79,6 @@ def _unmatched(un: pd.DataFrame, keys: Sequence[str], pair: Pair, what: str) -> 
                                                         "listed instead of dropped")]
 
 
-def _same(pair: Pair) -> bool:
-    """A source compared with itself (--pair within one run): only the pairs asked for."""
-    return pair.a is pair.b
-
-
-def _kernels(src: Any) -> pd.DataFrame:
-    """A side's kernels, one row per launch; a run's per table (analyze.per_table_kernels), and
-    so a report's whose run's points sit beside it (ImportSource.kview_per_table)."""
-    if isinstance(src, RunSource):
-        return analyze.per_table_kernels(src.kview, src.run)
-    return src.kview_per_table.assign(per="table") if src.per_table else src.kview
-
-
-def _kernel_pairs(pair: Pair) -> analyze.KernelPairs:
-    """The two sides' kernels paired as `compare` pairs them: --pair selectors on the
-    launches, then a run's launches averaged per variant, dataset and function."""
-    return analyze.pair_kernels(_kernels(pair.a), _kernels(pair.b), pair.pairs,
-                                auto=not (_same(pair) and pair.pairs), where=(pair.a.label, pair.b.label))
-
-
 def _head(c: str, per: str) -> str:
     """A metric's header with its unit: an extensive one says per table or per launch."""
     h = _HEAD.get(c, c)
@@ -120,14 +100,14 @@ def _modes(pair: Pair) -> str:
 
 # -------------------------------------------------------------------- panels
 def _c_metrics(pair: Pair) -> PanelOutput:
-    kp = _kernel_pairs(pair)
+    kp = pair.kernel_pairs()
     a, b, matched, keys = kp.a, kp.b, kp.matched, list(kp.keys)
     deltas = analyze.kernel_deltas(a, b, matched, [c for c, *_ in KERNEL_METRICS])
     blocks: list[Any] = []
     counts = matched["match"].value_counts()
     how = ", ".join(f"{n} by {m}" for m, n in counts.items() if not m.startswith("only"))
     blocks.append(NoteBlock(
-        ("Only the kernels given by hand are compared (one source on both sides). " if _same(pair) else "") +
+        ("Only the kernels given by hand are compared (one source on both sides). " if pair.same else "") +
         f"Kernels matched {'within each ' + ' and '.join(keys) + ', ' if keys else ''}by demangled base name and "
         "launch order, then by a similar name (trailing version digits dropped), after any pair given by hand "
         f"(--pair A=B{': ' + ', '.join(pair.pairs) if pair.pairs else ''}: a variant, variant/dataset, NVTX range, "
@@ -190,7 +170,7 @@ def _c_metrics(pair: Pair) -> PanelOutput:
 
 def _c_bench(pair: Pair) -> PanelOutput:
     a, b = pair.a, pair.b
-    both, un = analyze.diff_bench(a.bench, b.bench, pair.pairs, auto=not (_same(pair) and pair.pairs))
+    both, un = analyze.diff_bench(a.bench, b.bench, pair.pairs, auto=not (pair.same and pair.pairs))
     blocks: list[Any] = []
     if a.timing_provenance != b.timing_provenance:
         blocks.append(NoteBlock(f"{a.label} is {PROVENANCE[a.timing_provenance].label} and {b.label} is "
@@ -300,7 +280,7 @@ def _vs_cell(c: str, r: dict | None, reference: bool) -> Cell:
 
 
 def _vs_base(src: RunSource) -> PanelOutput:
-    d = analyze.versus_reference(_kernels(src), REFERENCE)
+    d = analyze.versus_reference(side_kernels(src), REFERENCE)
     if d.empty:
         done = sorted({str(p.get("variant")) for p in src.profile_points if p.get("status") == "ok"})
         raise Missing(f"{REFERENCE} was not profiled on any dataset another variant was (profiled: "
