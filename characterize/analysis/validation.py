@@ -512,11 +512,17 @@ def validate_here(measurements: Sequence[Measurement], points: Sequence[object],
         g = g.drop_duplicates("variant")   # (one order of tbe per group: the first the run lists)
         if len(g) < 2:
             continue
-        per_table = g["measured_us"] / g["tables_per_launch"], g["predicted_us"] / g["tables_per_launch"]
-        m_best = g.loc[per_table[0].idxmin(), "variant"]
-        p_best = g.loc[per_table[1].idxmin(), "variant"]
-        best.append({"source": s, "dataset": d, "mode": mode, "measured_best": m_best, "predicted_best": p_best,
-                     "right": m_best == p_best})
+        measured_t, predicted_t = (g[c] / g["tables_per_launch"] for c in ("measured_us", "predicted_us"))
+        m_best, p_best = measured_t.idxmin(), predicted_t.idxmin()
+        # how far apart the two sides put them: the runner-up over the winner (a miss: the
+        # measured winner over the predicted one, as each side has it)
+        runner_up = (lambda t, i: float(t.drop(i).min() / t[i] - 1))
+        best.append({"source": s, "dataset": d, "mode": mode, "measured_best": g.loc[m_best, "variant"],
+                     "predicted_best": g.loc[p_best, "variant"], "right": m_best == p_best,
+                     "measured_margin_pct": 100 * (runner_up(measured_t, m_best) if m_best == p_best else
+                                                   float(measured_t[p_best] / measured_t[m_best] - 1)),
+                     "predicted_margin_pct": 100 * (runner_up(predicted_t, p_best) if m_best == p_best else
+                                                    float(predicted_t[m_best] / predicted_t[p_best] - 1))})
     # the bands predictions carry: every held-out residual of the regime, cutting the tail the same
     # rule picks on all the datasets (its coverage on a new dataset is what the nested folds measured)
     tail = choose_tail(resid, reg, ds)

@@ -234,7 +234,17 @@ def validate(write: bool, add_runs: tuple[Path, ...], as_json: bool) -> None:
             echo(f"\nthe fastest variant per run x dataset x mode: {int(here.best['right'].sum())} of {len(here.best)} "
                  "predicted right (held out by dataset)" + (":" if len(wrong) else ""))
             if len(wrong):
-                print_rows(wrong.to_dict("records"), ["source", "dataset", "mode", "measured_best", "predicted_best"])
+                rows = [{**r, "predicted best, measured": f"{r['measured_margin_pct']:+.1f}%",
+                         "measured best, predicted": f"{r['predicted_margin_pct']:+.1f}%"}
+                        for r in wrong.to_dict("records")]
+                print_rows(rows, ["source", "dataset", "mode", "measured_best", "predicted_best",
+                                  "predicted best, measured", "measured best, predicted"])
+                echo("(the predicted winner's measured time over the measured winner's; the measured winner's "
+                     "predicted time over the predicted winner's)")
+            right = here.best[here.best["right"]]
+            if len(right):
+                echo(f"where right, the runner-up measured {right['measured_margin_pct'].min():.1f}% slower at the "
+                     f"closest (median {right['measured_margin_pct'].median():.1f}%)")
         span = (f"{100 * here.tail:g}th to {100 - 100 * here.tail:g}th percentile" if here.tail > 0 else
                 "the whole range")
         echo(f"\nbands per regime (multipliers of a prediction, {span} of held-out errors; the narrowest span that "

@@ -91,6 +91,17 @@ def test_validate_reproduces_the_committed_figure_and_meets_the_targets():
     rows = pd.DataFrame(out["rows"])
     assert (rows["band_low_us"] <= rows["cv_predicted_us"]).all() and not rows["proxy"].all()
     assert len(out["left_out"]) >= 30 and all(r["why_not"] for r in out["left_out"])
+    # the fastest-variant check says by how much: a right group's runner-up is slower on both
+    # sides; a miss's predicted winner measured slower, and its measured winner predicted slower
+    best = pd.DataFrame(out["here"]["best"])
+    assert len(best) >= 30 and best["right"].sum() >= 30
+    assert (best["measured_margin_pct"] >= 0).all() and (best["predicted_margin_pct"] >= 0).all()
+    rows = pd.DataFrame(out["here"]["rows"]).assign(t=lambda r: r["measured_us"] / r["tables_per_launch"])
+    for miss in best[~best["right"]].to_dict("records"):
+        group = rows[(rows["source"] == miss["source"]) & (rows["dataset"] == miss["dataset"]) &
+                     (rows["mode"] == miss["mode"])].drop_duplicates("variant").set_index("variant")["t"]
+        assert miss["measured_margin_pct"] == pytest.approx(
+            100 * (group[miss["predicted_best"]] / group[miss["measured_best"]] - 1))
 
 
 def test_our_own_runs_join_the_corpus_with_their_provenance_per_launch(tmp_path):
