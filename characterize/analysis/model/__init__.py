@@ -16,8 +16,9 @@ Locality, computed once per dataset and shared by every variant, GPU and constan
   The L2 holds, between two reads of a row, every distinct row read in between and
   every byte streamed meanwhile; per-table launches run the T tables in turn, so each
   boundary brings T-1 other launches (a batched launch walking m tables at a time, tbe's
-  phases or FBGEMM's all, interleaves their reads: m tables' rows share the L2 at once): b_i = d_i R_s + g_i S + k_i (T-1) (U R_s + (N/T_l) S) bytes (cold
-  mode, L2 flushed before every launch: b_i = inf when k_i > 0). A lookup hits when
+  phases or FBGEMM's all, interleaves their reads: m tables' rows share the L2 at once):
+  b_i = d_i R_s + g_i S + k_i (T-1) (U R_s + (N/T_l) S) bytes (cold mode, L2 flushed
+  before every launch: b_i = inf when k_i > 0). A lookup hits when
   b_i < f L2_bytes (f: l2_capacity_factor, the share of the sectored, set-associative,
   two-partition L2 that behaves like an ideal LRU). Batch 0 is warm-up.
   l2p/combined with a persisting set-aside: the K_r hottest rows (as the runner picks
@@ -30,8 +31,8 @@ Locality, computed once per dataset and shared by every variant, GPU and constan
   distance among hot rows is below K_r, otherwise it competes with its full distance.
   L1 (per SM, invalidated between kernels): the lookups of the bags one SM runs (blocks
   dealt round-robin) against L1_data / R_s rows, as for one table however many tables a
-  batched launch walks at once (its blocks' hot rows are what the L1 keeps). A lookup is served by L1 (phi1), L2
-  (phi2 = max(h2 - phi1, 0)) or DRAM (phiD = 1 - max(h2, phi1)).
+  batched launch walks at once (its blocks' hot rows are what the L1 keeps). A lookup is
+  served by L1 (phi1), L2 (phi2 = max(h2 - phi1, 0)) or DRAM (phiD = 1 - max(h2, phi1)).
 
 Latency: what each warp waits for, read from the code (kernels.sass, kernels.peers)
   A task is a warp's unit of work: a (bag, chunk of features) for a thread per feature,
