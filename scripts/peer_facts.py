@@ -8,8 +8,10 @@ fbgemm-gpu release that pairs with it from PyPI (about 1 GB; `pip download`, iso
 from local wheel mirrors), takes the shared libraries holding the kernels out of them,
 and runs `characterize sass --binary` (characterize.kernels.binary) on each kernel for
 sm_80 and sm_90. The CSV keeps numbers and provenance only: wheel file names and
-sha256, library sha256, kernel symbol, cuobjdump version. Nothing of the peers' code is
-kept. Takes a few minutes (download, then about 2 s per architecture per library).
+sha256, library sha256, kernel symbol, cuobjdump version, and the fingerprint of the
+SASS walk that read them (kernels.peers.walk_fingerprint): run it again when that
+fingerprint's test says the walk has changed. Nothing of the peers' code is kept. Takes
+a few minutes (download, then about 2 s per architecture per library).
 Not run by CI; tests/kernels/test_peers.py runs it with --slow and network access
 when CHARACTERIZE_PEER_FACTS=1.
 """
@@ -31,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from characterize.kernels.binary import analyze_binary  # noqa: E402
-from characterize.kernels.peers import PEER_VERSIONS, PEERS_CSV, fbgemm_layout  # noqa: E402
+from characterize.kernels.peers import PEER_VERSIONS, PEERS_CSV, fbgemm_layout, walk_fingerprint  # noqa: E402
 from characterize.kernels.sass import find_cuobjdump  # noqa: E402
 
 ARCHS = ("sm_80", "sm_90", "sm_100")
@@ -56,7 +58,9 @@ KEEP = ("peer", "version", "dtype", "arch", "binary_arch", "kernel", "symbol", "
         "stack", "D_min", "D_max", "block_threads", "lanes_per_bag", "tile_lookups", "row_loads", "index_loads",
         "lookups_per_iteration", "instructions_per_lookup", "load_bits", "row_load_bits", "local_mem_ops", "spills_in_nest",
         "rows_in_flight", "nest_rows_in_flight", "bag_latencies", "bag_instructions", "wheel", "wheel_sha256",
-        "library", "sha256", "cuobjdump")
+        "library", "sha256", "cuobjdump", "walk")
+#: the fixed disassembly whose reading by the walk peers.csv records (kernels.peers.walk_fingerprint)
+WALK_REFERENCE = ROOT / "tests" / "data" / "walk_reference.sass"
 WHEELS = {"torch": f"torch=={PEER_VERSIONS['torch']}", "fbgemm": f"fbgemm-gpu=={PEER_VERSIONS['fbgemm']}"}
 
 
@@ -89,6 +93,7 @@ def main() -> None:
     args = ap.parse_args()
     start = time.perf_counter()
     tool = find_cuobjdump()
+    walk = walk_fingerprint(WALK_REFERENCE.read_text())
     work = args.keep or Path(tempfile.mkdtemp(prefix="peer-facts-"))
     wheels = {peer: download(req, work / "wheels") for peer, req in WHEELS.items()}
     rows = []
@@ -107,7 +112,7 @@ def main() -> None:
                 d[key] = json.dumps({str(k): v for k, v in d[key].items()}, sort_keys=True)
             rows.append({"peer": peer, "version": PEER_VERSIONS[peer], "dtype": dtype, **layout, **d,
                          "wheel": wheel.name, "wheel_sha256": sha256(wheel), "library": member,
-                         "cuobjdump": tool.version})
+                         "cuobjdump": tool.version, "walk": walk})
         print(f"{peer} {dtype}: {sum(1 for x in rows if x['peer'] == peer and x['dtype'] == dtype)} kernel(s) "
               f"({time.perf_counter() - start:.0f} s)", file=sys.stderr)
     for r in rows:   # the name up to its parameters: the template arguments say which instance

@@ -25,6 +25,7 @@ host code (read, not copied):
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from functools import lru_cache
@@ -35,11 +36,30 @@ import pandas as pd
 
 from characterize.errors import ConfigError
 from characterize.hardware.specs import nearest_arch
+from characterize.kernels.sass.analyze import analyze_kernel
+from characterize.kernels.sass.parse import parse_sass
 
 #: the peer releases the facts are read from: torch as the project pins it, and the fbgemm-gpu
 #: release whose compatibility table names that torch (fbgemm-gpu 1.8 -> torch 2.13)
 PEER_VERSIONS = {"torch": "2.13.0", "fbgemm": "1.8.0"}
 PEERS_CSV = Path(__file__).resolve().parent / "peers.csv"
+
+
+def walk_fingerprint(sass_text: str) -> str:
+    """What the SASS analysis reads from a fixed disassembly (each kernel's rows in flight,
+    and per bag length its latencies and instructions), digested. Why: peers.csv holds
+    what the walk read from the peers' wheels when it was written; our own kernels are read
+    afresh at every run. Recording this beside the facts (scripts/peer_facts.py) lets a test
+    see when the walk has since changed what it reads, so the facts are read again rather
+    than the peers and ours being predicted by two different walks."""
+    facts = []
+    for code in parse_sass(sass_text):
+        r = analyze_kernel(code)
+        if r is not None:
+            facts.append([code.mangled, code.arch, r.rows_in_flight, r.nest_rows_in_flight, r.lanes_per_bag,
+                          r.tile_lookups, r.setup_latencies, sorted(r.bag_latencies.items()),
+                          sorted(r.bag_instructions.items())])
+    return hashlib.sha256(json.dumps(facts).encode()).hexdigest()[:16]
 
 
 def fbgemm_layout(name: str) -> dict[str, int]:

@@ -11,9 +11,17 @@ import pandas as pd
 import pytest
 
 from characterize.errors import ConfigError
-from characterize.kernels.peers import PEER_VERSIONS, PEERS_CSV, fbgemm_layout, peer_facts, peer_kernel
+from characterize.kernels.peers import (
+    PEER_VERSIONS,
+    PEERS_CSV,
+    fbgemm_layout,
+    peer_facts,
+    peer_kernel,
+    walk_fingerprint,
+)
 
 ROOT = Path(__file__).parents[2]
+WALK_REFERENCE = ROOT / "tests" / "data" / "walk_reference.sass"
 
 
 def test_the_facts_cover_what_users_run_with_provenance():
@@ -30,6 +38,36 @@ def test_the_facts_cover_what_users_run_with_provenance():
     assert df["cuobjdump"].notna().all() and (df["registers"] > 0).all()
     # numbers only: no instruction text of theirs is kept
     assert not any(df[c].astype(str).str.contains(r"LDG|FADD|SHFL").any() for c in df.columns)
+
+
+def test_the_facts_were_read_by_todays_walk():
+    """peers.csv was written by the SASS walk that reads our kernels today: the walk's
+    reading of a fixed disassembly is what the facts record. A change to the walk that
+    reads code differently fails here until the facts are read again."""
+    recorded = set(pd.read_csv(PEERS_CSV)["walk"].astype(str))
+    today = walk_fingerprint(WALK_REFERENCE.read_text())
+    assert recorded == {today}, (
+        f"kernels/peers.csv was read by another SASS walk (fingerprint {', '.join(sorted(recorded))}, today's "
+        f"{today}): read the peers' wheels again with `python scripts/peer_facts.py` (downloads about 1.6 GB)")
+
+
+def test_the_walks_fingerprint_sees_what_the_walk_reads(monkeypatch):
+    """The fingerprint follows what the walk reads, not its source text: a walk that gave
+    every bag length one more latency gives another fingerprint; the same walk the same."""
+    from characterize.kernels.sass import analyze
+
+    text = WALK_REFERENCE.read_text()
+    assert "chz_warp_kernel" in text and "checked_bags" in text
+    today = walk_fingerprint(text)
+    assert walk_fingerprint(text) == today
+    real = analyze.nest_facts
+
+    def one_more(*args):
+        facts = real(*args)
+        return facts and {**facts, "bags": [[L, lat + 1, ins] for L, lat, ins in facts["bags"]]}
+
+    monkeypatch.setattr(analyze, "nest_facts", one_more)
+    assert walk_fingerprint(text) != today
 
 
 def test_each_peer_kernel_has_its_loop_nest():
@@ -74,5 +112,5 @@ def test_the_script_regenerates_the_committed_facts(tmp_path):
     key = ["peer", "dtype", "arch", "symbol"]
     merged = committed.merge(fresh, on=key, suffixes=("", "_new"))
     assert len(merged) == len(committed) == len(fresh)
-    for col in ("registers", "wheel_sha256", "nest_rows_in_flight", "bag_latencies"):
+    for col in ("registers", "wheel_sha256", "nest_rows_in_flight", "bag_latencies", "walk"):
         assert (merged[col].astype(str) == merged[f"{col}_new"].astype(str)).all(), col
