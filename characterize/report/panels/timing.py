@@ -56,8 +56,8 @@ def _p_latency(s: RunSource) -> PanelOutput:
                 ("reps", column_cell("reps")), ("stable", lambda r: Cell(fmt_num(r.get("stable")), "")),
                 ("vs base", lambda r: Cell(fmt_x(r.get("speedup_vs_base"), r.get("speedup_vs_base_ci95")), "num")),
                 ("vs torch", lambda r: Cell(fmt_x(r.get("speedup_vs_torch"), r.get("speedup_vs_torch_ci95")), "num"))]
-        blocks.append(table_block(sp, spec, caption=f"{mode}: latency per table (mean ± 95% CI; a batched launch's time over its "
-                                                    f"tables) and speedups (> 1: faster) — {prov}",
+        blocks.append(table_block(sp, spec, caption=f"{mode}: latency per table (mean ± 95% CI; a batched launch's "
+                                                    f"time over its tables) and speedups (> 1: faster) — {prov}",
                                   note="stable: the CI is within the experiment's target"))
     if s.emulated:
         blocks.insert(0, NoteBlock("CPU-emulation timings: they check the harness, NOT GPU performance.", "warning"))
